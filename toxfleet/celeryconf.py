@@ -1,0 +1,31 @@
+"""Celery settings both tiers must share, as plain data (no celery import).
+
+The API's client app and the worker app are built from this, so that what one side writes the other
+can read: JSON only on the wire (never pickle from the network), the same queue routing, and the same
+Redis visibility timeout for the broker and the result backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toxfleet.contract import QUEUE
+
+
+def celery_config(*, visibility_timeout: int, result_expires: int) -> dict[str, Any]:
+    """Settings for `Celery.conf.update`, common to the API and the workers."""
+    transport = {"visibility_timeout": visibility_timeout}
+    return {
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_default_queue": QUEUE,
+        "task_routes": {"toxfleet.*": {"queue": QUEUE}},
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "visibility_timeout": visibility_timeout,
+        "result_expires": result_expires,
+        "broker_connection_retry_on_startup": True,
+        "task_send_sent_event": True,
+    }

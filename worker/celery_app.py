@@ -1,0 +1,29 @@
+"""The worker's Celery app: `celery -A worker worker` finds it as `worker.app`.
+
+Importing this is cheap (no torch): the model is loaded per pool process by `worker.lifecycle`.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from toxfleet.celeryconf import celery_config
+from worker.cpus import default_concurrency
+from worker.settings import get_settings
+
+_settings = get_settings()
+
+app = Celery("toxfleet", broker=_settings.redis_url, backend=_settings.redis_url,
+             include=["worker.tasks", "worker.lifecycle"])
+app.conf.update(
+    celery_config(visibility_timeout=_settings.visibility_timeout, result_expires=_settings.result_expires),
+    # Results are written per request by the batch itself; late acks come after that write.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    # Buffered requests are unacked and count against prefetch; it must cover a full batch per
+    # process plus the one being buffered, or batches never fill.
+    worker_prefetch_multiplier=_settings.prefetch_multiplier,
+    worker_concurrency=_settings.concurrency or default_concurrency(_settings.torch_threads),
+    worker_send_task_events=True,
+    worker_hijack_root_logger=True,
+)

@@ -1,0 +1,52 @@
+"""How many worker processes the container's CPUs can keep busy.
+
+Inference here is compute-bound, and SMT siblings share one core's vector units, so the default is
+one process per *physical* core the container may run on, further capped by its cgroup CPU quota
+(Fargate and Docker `--cpus` set a quota, not an affinity mask, so `os.cpu_count()` overstates them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+_SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs allowed by the cgroup quota (v2 `cpu.max` or v1 `cfs_quota_us`), or None if unlimited."""
+    v2 = root / "cpu.max"
+    try:
+        if v2.exists():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def physical_cores(cpus: set[int], sys_cpu: Path = _SYS_CPU) -> int:
+    """Distinct (package, core) pairs among `cpus`; falls back to `len(cpus)` without topology."""
+    cores = set()
+    for cpu in cpus:
+        topo = sys_cpu / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return len(cores) or len(cpus)
+
+
+def default_concurrency(threads_per_process: int = 1) -> int:
+    """Processes to run: physical cores we may use, capped by the quota, divided by threads each."""
+    allowed = os.sched_getaffinity(0)
+    cores = physical_cores(allowed)
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        # A quota of 4 vCPU on SMT hardware is about 2 cores of compute.
+        smt = max(1, len(allowed) // max(1, cores))
+        cores = min(cores, max(1, math.floor(limit / smt + 1e-9)))
+    return max(1, cores // threads_per_process)

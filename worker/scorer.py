@@ -1,0 +1,77 @@
+"""Turn a batch of texts into forward passes that waste little compute, and scores back in order.
+
+Detoxify pads every text to the longest one in a forward pass, so a batch taken in arrival order
+spends most of its compute on padding (measured here: 2-3x slower than no batching at all). The
+scorer tokenizes once, sorts by length, and cuts the sorted run into passes whose *padded* size
+(texts x longest) stays under a budget, then puts the scores back in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from worker.backend import Backend
+
+
+@dataclass(frozen=True)
+class ScoreStats:
+    """What one `Scorer.score` call cost, for logs and metrics."""
+
+    texts: int
+    passes: int
+    tokens: int
+    padded_tokens: int
+
+
+def plan_passes(lengths: Sequence[int], max_tokens: int, max_texts: int) -> list[list[int]]:
+    """Group text indices into passes: sorted by length, each pass within `max_texts` texts and
+    `max_tokens` padded tokens (a single text longer than the budget still gets a pass)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    passes: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Ascending order: the text being added is the longest of its pass so far.
+        if current and ((len(current) + 1) * lengths[i] > max_tokens or len(current) >= max_texts):
+            passes.append(current)
+            current = []
+        current.append(i)
+    if current:
+        passes.append(current)
+    return passes
+
+
+class Scorer:
+    """Scores texts with a backend, in length-sorted, padding-capped forward passes."""
+
+    def __init__(self, backend: Backend, max_tokens: int, max_texts: int) -> None:
+        self.backend = backend
+        self.max_tokens = max_tokens
+        self.max_texts = max_texts
+
+    @property
+    def labels(self) -> list[str]:
+        return self.backend.labels
+
+    def score(self, texts: Sequence[str]) -> tuple[list[dict[str, float]], ScoreStats]:
+        """One `{label: probability}` dict per text, in input order."""
+        if not texts:
+            return [], ScoreStats(0, 0, 0, 0)
+        ids = self.backend.tokenize(texts)
+        lengths = [len(seq) for seq in ids]
+        labels = self.backend.labels
+        results: list[dict[str, float] | None] = [None] * len(texts)
+        passes = plan_passes(lengths, self.max_tokens, self.max_texts)
+        padded = 0
+        for group in passes:
+            probs = self.backend.predict([ids[i] for i in group])
+            if len(probs) != len(group):
+                raise RuntimeError(f"backend returned {len(probs)} rows for {len(group)} texts")
+            padded += len(group) * max(lengths[i] for i in group)
+            for i, row in zip(group, probs, strict=True):
+                results[i] = dict(zip(labels, row, strict=True))
+        stats = ScoreStats(len(texts), len(passes), sum(lengths), padded)
+        done = [r for r in results if r is not None]
+        if len(done) != len(texts):
+            raise RuntimeError(f"scored {len(done)} of {len(texts)} texts")
+        return done, stats

@@ -1,0 +1,72 @@
+"""Worker configuration: one pydantic-settings class, read once, failing fast on unsafe values.
+
+Every knob is an environment variable prefixed `TOXFLEET_` (plus `REDIS_URL`); each field's
+description is its documentation.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Self
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from toxfleet import contract
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOXFLEET_", extra="ignore")
+
+    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias=AliasChoices("REDIS_URL", "TOXFLEET_REDIS_URL"),
+                           description="Broker and result backend (redis:// or rediss://).")
+    model: str = Field("unbiased-small", description="Detoxify model name, used when no checkpoint is given.")
+    checkpoint: Path | None = Field(None, description="Detoxify-format .ckpt to load instead of downloading.")
+    hf_config: Path | None = Field(None, description="Directory with the HF config and tokenizer (offline).")
+    backend: str = Field("torch", description="Inference backend (see worker/backend.py).")
+    concurrency: int | None = Field(None, ge=1, le=256,
+                                    description="Worker processes; default: physical cores the container may use.")
+    torch_threads: int = Field(1, ge=1, le=64, description="Intra-op threads per process.")
+    pass_tokens: int = Field(2048, ge=64, le=65536,
+                             description="Most padded tokens (texts x longest) in one forward pass.")
+    pass_texts: int = Field(32, ge=1, le=1024, description="Most texts in one forward pass.")
+    batch_tokens: int = Field(8192, ge=512, le=1_000_000,
+                              description="Estimated tokens a worker process takes from its buffer at once.")
+    prefetch_multiplier: int = Field(64, ge=1, le=10_000,
+                                     description="Celery prefetch per process; must cover a full batch per process.")
+    visibility_timeout: int = Field(300, ge=10, le=86_400,
+                                    description="Seconds before Redis redelivers an unacknowledged message.")
+    result_expires: int = Field(86_400, ge=60, le=30 * 86_400, description="Seconds results are kept.")
+    max_retries: int = Field(2, ge=0, le=10,
+                             description="Re-deliveries after a worker process died mid-batch, before failing.")
+    max_texts: int = Field(contract.MAX_TEXTS_PER_JOB, ge=1, le=100_000, description="Most texts per task.")
+    max_text_chars: int = Field(contract.MAX_TEXT_CHARS, ge=1, le=1_000_000, description="Most characters per text.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        if (self.checkpoint is None) != (self.hf_config is None) and self.hf_config is not None:
+            raise ValueError("TOXFLEET_HF_CONFIG needs TOXFLEET_CHECKPOINT")
+        if self.checkpoint is not None and not self.checkpoint.is_file():
+            raise ValueError(f"TOXFLEET_CHECKPOINT={self.checkpoint} is not a file")
+        if self.hf_config is not None and not self.hf_config.is_dir():
+            raise ValueError(f"TOXFLEET_HF_CONFIG={self.hf_config} is not a directory")
+        if self.pass_tokens < contract.MODEL_MAX_TOKENS:
+            raise ValueError(f"TOXFLEET_PASS_TOKENS must be at least {contract.MODEL_MAX_TOKENS} (one full text)")
+        return self
+
+    @property
+    def model_identity(self) -> str:
+        """How results name the model: the Detoxify name, or the checkpoint file name."""
+        if self.checkpoint is None:
+            return self.model
+        return f"checkpoint:{self.checkpoint.parent.name}/{self.checkpoint.name}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> WorkerSettings:
+    return WorkerSettings()
