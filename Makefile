@@ -1,0 +1,45 @@
+# toxfleet: `make run` starts the service, `make test` runs the tests (see README.md).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+MODELS ?= models
+
+.PHONY: venv run run-offline test test-fast lint checkpoints bench bench-quick clean
+
+venv: $(VENV)/.installed
+
+# torch first, pinned: the CPU build lies on local disk; a looser pin would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[api,worker,flower,dev]"
+	touch $@
+
+## Start Redis (if none answers), the API on :8000, the workers and Flower on :5555; Ctrl-C stops all.
+run: venv
+	scripts/run.sh
+
+## The same, on a synthetic full-size unbiased-small checkpoint (no network needed; scores meaningless).
+run-offline: venv $(MODELS)/unbiased-small/model.ckpt
+	TOXFLEET_CHECKPOINT=$(abspath $(MODELS))/unbiased-small/model.ckpt \
+	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf scripts/run.sh
+
+$(MODELS)/%/model.ckpt: | venv
+	$(PY) -m worker.synthetic $* --out $(MODELS)
+
+checkpoints: $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
+
+## Lint, type-check, then the whole test suite against real Redis, Celery and Flower processes.
+test: venv $(MODELS)/tiny/model.ckpt
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs the whole service in the foreground: Redis (only if none answers at REDIS_URL), the API,
+# the Celery workers and Flower. Ctrl-C stops everything this script started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/0}
+API_PORT=${API_PORT:-8000}
+FLOWER_PORT=${FLOWER_PORT:-5555}
+
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup INT TERM EXIT
+
+if ! "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL"; then
+  port=$("$VENV/bin/python" -c 'import sys, urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)' "$REDIS_URL")
+  echo "run: no Redis answers at $REDIS_URL; starting redis-server on 127.0.0.1:$port (no persistence)"
+  redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no &
+  pids+=($!)
+  for _ in $(seq 50); do "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL" && break; sleep 0.1; done
+fi
+
+if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
+  FLOWER_BASIC_AUTH="admin:$(head -c 12 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')"
+  echo "run: Flower login (set FLOWER_BASIC_AUTH=user:password to choose): $FLOWER_BASIC_AUTH"
+fi
+export FLOWER_BASIC_AUTH
+
+"$VENV/bin/celery" -A worker worker --loglevel=INFO --events --hostname "worker@%h" &
+pids+=($!)
+"$VENV/bin/uvicorn" api.main:app --host "${API_HOST:-127.0.0.1}" --port "$API_PORT" &
+pids+=($!)
+"$VENV/bin/celery" -A worker flower --address=127.0.0.1 --port="$FLOWER_PORT" &
+pids+=($!)
+
+echo "run: API http://127.0.0.1:$API_PORT/docs  Flower http://127.0.0.1:$FLOWER_PORT  (Ctrl-C stops all)"
+wait -n
