@@ -9,9 +9,20 @@ API_PORT=${API_PORT:-8000}
 FLOWER_PORT=${FLOWER_PORT:-5555}
 
 pids=()
+redis_pid=
 cleanup() {
   trap - INT TERM EXIT
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  # Warm shutdown lets in-flight batches finish; give up on stragglers after 30 s.
+  for _ in $(seq 300); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  # Redis goes last, so the workers can hand back what they hold before it stops.
+  if [ -n "$redis_pid" ]; then kill -TERM "$redis_pid" 2>/dev/null || true; fi
   wait 2>/dev/null || true
 }
 trap cleanup INT TERM EXIT
@@ -19,8 +30,9 @@ trap cleanup INT TERM EXIT
 if ! "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL"; then
   port=$("$VENV/bin/python" -c 'import sys, urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)' "$REDIS_URL")
   echo "run: no Redis answers at $REDIS_URL; starting redis-server on 127.0.0.1:$port (no persistence)"
-  redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no &
-  pids+=($!)
+  # Its own session: a terminal's Ctrl-C must not stop Redis before the workers are done with it.
+  setsid redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --loglevel warning &
+  redis_pid=$!
   for _ in $(seq 50); do "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL" && break; sleep 0.1; done
 fi
 

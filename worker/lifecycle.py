@@ -15,12 +15,15 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import signals
 
 from toxfleet import contract
 from worker.settings import WorkerSettings, get_settings
+
+if TYPE_CHECKING:
+    from worker.scorer import Scorer
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +45,10 @@ NO_WEIGHTS_HELP = (
     "github.com and huggingface.co are reachable so Detoxify can download TOXFLEET_MODEL"
 )
 
-_scorer: Any = None
+_scorer: Scorer | None = None
 
 
-def scorer() -> Any:
+def scorer() -> Scorer:
     """This process's scorer, loaded at pool-process init (or on first use when run eagerly)."""
     global _scorer
     if _scorer is None:
@@ -53,7 +56,7 @@ def scorer() -> Any:
     return _scorer
 
 
-def _load(settings: WorkerSettings) -> Any:
+def _load(settings: WorkerSettings) -> Scorer:
     from worker.backend import load_backend
     from worker.scorer import Scorer
 

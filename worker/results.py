@@ -28,7 +28,7 @@ class Outcome:
 
     @property
     def state(self) -> str:
-        return states.FAILURE if self.error is not None else states.SUCCESS
+        return str(states.FAILURE if self.error is not None else states.SUCCESS)
 
 
 class ResultStore:

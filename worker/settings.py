@@ -30,12 +30,12 @@ class WorkerSettings(BaseSettings):
     concurrency: int | None = Field(None, ge=1, le=256,
                                     description="Worker processes; default: physical cores the container may use.")
     torch_threads: int = Field(1, ge=1, le=64, description="Intra-op threads per process.")
-    pass_tokens: int = Field(2048, ge=64, le=65536,
+    pass_tokens: int = Field(1024, ge=64, le=65536,
                              description="Most padded tokens (texts x longest) in one forward pass.")
-    pass_texts: int = Field(32, ge=1, le=1024, description="Most texts in one forward pass.")
-    batch_tokens: int = Field(8192, ge=512, le=1_000_000,
+    pass_texts: int = Field(16, ge=1, le=1024, description="Most texts in one forward pass.")
+    batch_tokens: int = Field(2048, ge=512, le=1_000_000,
                               description="Estimated tokens a worker process takes from its buffer at once.")
-    prefetch_multiplier: int = Field(64, ge=1, le=10_000,
+    prefetch_multiplier: int = Field(32, ge=1, le=10_000,
                                      description="Celery prefetch per process; must cover a full batch per process.")
     visibility_timeout: int = Field(300, ge=10, le=86_400,
                                     description="Seconds before Redis redelivers an unacknowledged message.")

@@ -20,6 +20,7 @@ cost match the real models.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,20 +47,23 @@ class Kind:
     family: str  # "albert" or "bert"
     num_classes: int
     classes: list[str]
-    arch: dict[str, int]
+    arch: dict[str, Any]
     vocab_size: int
     identity_classes: list[str] | None = None
 
 
-_ALBERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+_ALBERT_BASE: dict[str, Any] = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                 "intermediate_size": 3072, "embedding_size": 128}
-_BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+_BERT_BASE: dict[str, Any] = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
               "intermediate_size": 3072}
 
 KINDS: dict[str, Kind] = {
     "tiny": Kind("albert", 16, UNBIASED_CLASSES,
                  {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                  "intermediate_size": 64, "embedding_size": 16}, 2000, UNBIASED_IDENTITY_CLASSES),
+                  "intermediate_size": 64, "embedding_size": 16,
+                  # A wider init makes a 2-layer model's features depend on the text, so the classifier
+                  # needs no large rescaling (which would amplify float noise past 1e-4 comparisons).
+                  "initializer_range": 0.5}, 2000, UNBIASED_IDENTITY_CLASSES),
     "unbiased-small": Kind("albert", 16, UNBIASED_CLASSES, _ALBERT_BASE, 30000, UNBIASED_IDENTITY_CLASSES),
     "original-small": Kind("albert", 6, ORIGINAL_CLASSES, _ALBERT_BASE, 30000),
     "original": Kind("bert", 6, ORIGINAL_CLASSES, _BERT_BASE, 30522),
@@ -67,8 +71,9 @@ KINDS: dict[str, Kind] = {
 
 
 def _train_tokenizer(kind: Kind, hf_dir: Path, seed: int) -> Any:
-    import transformers
     from tokenizers import trainers
+
+    transformers: Any = importlib.import_module("transformers")
 
     texts = CommentCorpus(seed).texts(TOKENIZER_TRAINING_TEXTS)
     if kind.family == "albert":
@@ -112,8 +117,8 @@ def _spread_classifier(model: Any, tokenizer: Any, seed: int) -> None:
 def build(kind_name: str, out: Path, seed: int = 0) -> Path:
     """Build one synthetic checkpoint; returns the path of its `model.ckpt`."""
     import torch
-    import transformers
 
+    transformers: Any = importlib.import_module("transformers")
     kind = KINDS[kind_name]
     target = out.resolve() / kind_name
     hf_dir = target / "hf"

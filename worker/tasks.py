@@ -81,8 +81,8 @@ class ScoreTask(BatchTask):
             outcomes[o.task_id] = {"state": o.state, "error": repr(o.error) if o.error else None,
                                    "summary": f"{len(texts.get(o.task_id, []))} texts"}
         runtime = time.perf_counter() - started
-        for o in outcomes.values():
-            o["runtime"] = runtime
+        for summary in outcomes.values():
+            summary["runtime"] = runtime
         return [outcomes[r["id"]] for r in requests]
 
     def _score(self, scorer: Any, texts: dict[str, list[str]], batch_id: str) -> list[Outcome]:

@@ -1,0 +1,184 @@
+"""Jobs: submit texts as Celery task messages (by name), read and await their results from Redis.
+
+A job is a manifest key (`toxfleet:job:<id>`) plus one `toxfleet.score` task per chunk, whose task
+ids derive from the job id, so reading a job is one GET and one MGET, whatever its size. Waiting
+subscribes to the result keys' pub/sub channels (Celery's Redis backend publishes every result it
+stores), so a long-poll answers the moment the last chunk lands, with no polling loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from celery import Celery
+from redis.exceptions import RedisError
+from starlette.concurrency import run_in_threadpool
+
+from api.errors import BrokerUnavailable, JobNotFound, QueueFull
+from api.settings import ApiSettings
+from toxfleet import contract
+from toxfleet.celeryconf import celery_config
+
+JOB_KEY_PREFIX = "toxfleet:job:"
+"""Redis key prefix of job manifests."""
+
+_FINAL = {"SUCCESS", "FAILURE"}
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the API reports it."""
+
+    id: str
+    status: str  # queued | running | succeeded | failed
+    total: int
+    done: int
+    results: list[dict[str, float]] | None
+    model: str | None
+    error: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("succeeded", "failed")
+
+
+def make_celery(settings: ApiSettings) -> Celery:
+    """A client-only Celery app: it sends tasks by name and never imports worker code."""
+    app = Celery("toxfleet-api", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        celery_config(visibility_timeout=settings.visibility_timeout, result_expires=settings.result_expires),
+        # Fail fast when Redis is away: the client gets a 503 and retries, instead of a hung request.
+        task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+        broker_connection_timeout=settings.redis_timeout,
+        broker_connection_max_retries=1,
+    )
+    return app
+
+
+def _error_text(result: Any) -> str:
+    if isinstance(result, dict) and "exc_type" in result:
+        return f"{result['exc_type']}: {result.get('exc_message', '')}".strip()
+    return str(result)
+
+
+class JobService:
+    """Submit, read and await jobs. One per process; cheap to share across requests."""
+
+    def __init__(self, settings: ApiSettings, redis: aioredis.Redis, celery: Celery) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._celery = celery
+        self._result_key = celery.backend.get_key_for_task
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    # -- submit ---------------------------------------------------------------------------------
+
+    async def submit(self, texts: list[str]) -> str:
+        """Enqueue a job and return its id; QueueFull or BrokerUnavailable instead when it cannot."""
+        job_id = uuid.uuid4().hex
+        chunks = contract.chunk(texts)
+        manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time()})
+        try:
+            depth = await self._redis.llen(contract.QUEUE)
+            if depth >= self._settings.max_queue_depth:
+                raise QueueFull(f"queue is full ({depth} messages waiting); retry later")
+            await self._redis.set(JOB_KEY_PREFIX + job_id, manifest, ex=self._settings.result_expires)
+        except RedisError as exc:
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        try:
+            await run_in_threadpool(self._send, job_id, chunks)
+        except Exception as exc:  # kombu raises its own OperationalError family
+            raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
+        return job_id
+
+    def _send(self, job_id: str, chunks: list[list[str]]) -> None:
+        with self._celery.producer_or_acquire() as producer:
+            for i, texts in enumerate(chunks):
+                self._celery.send_task(contract.SCORE_TASK, args=[texts], task_id=contract.chunk_task_id(job_id, i),
+                                       producer=producer)
+
+    # -- read -------------------------------------------------------------------------------------
+
+    async def _manifest(self, job_id: str) -> list[int]:
+        raw = await self._redis.get(JOB_KEY_PREFIX + job_id)
+        if raw is None:
+            raise JobNotFound(f"no job {job_id} (unknown, or expired after {self._settings.result_expires}s)")
+        sizes: list[int] = json.loads(raw)["chunks"]
+        return sizes
+
+    def _view(self, job_id: str, sizes: list[int], metas: list[dict[str, Any] | None]) -> JobView:
+        total = sum(sizes)
+        statuses = [m.get("status") if m else None for m in metas]
+        done = sum(n for n, s in zip(sizes, statuses, strict=True) if s == "SUCCESS")
+        model = next((m.get("model") for m in metas if m and m.get("model")), None)
+        for i, (meta, status) in enumerate(zip(metas, statuses, strict=True)):
+            if status == "FAILURE" and meta is not None:
+                error = _error_text(meta.get("result"))
+                where = f"chunk {i} of {len(sizes)}: " if len(sizes) > 1 else ""
+                return JobView(job_id, "failed", total, done, None, model, where + error)
+        if all(s == "SUCCESS" for s in statuses):
+            results = [r for m in metas if m for r in m["result"]]
+            return JobView(job_id, "succeeded", total, done, results, model, None)
+        status = "running" if any(s is not None for s in statuses) else "queued"
+        return JobView(job_id, status, total, done, None, model, None)
+
+    async def get(self, job_id: str, wait: float = 0.0) -> JobView:
+        """The job now, or once finished if that happens within `wait` seconds."""
+        try:
+            sizes = await self._manifest(job_id)
+            keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(sizes))]
+            if wait <= 0:
+                return self._view(job_id, sizes, await self._metas(keys))
+            return await self._wait(job_id, sizes, keys, wait)
+        except RedisError as exc:
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+
+    async def _metas(self, keys: list[bytes]) -> list[dict[str, Any] | None]:
+        return [json.loads(v) if v is not None else None for v in await self._redis.mget(keys)]
+
+    async def _wait(self, job_id: str, sizes: list[int], keys: list[bytes], wait: float) -> JobView:
+        deadline = time.monotonic() + wait
+        async with self._redis.pubsub() as pubsub:
+            # Subscribe first, then read: a result stored in between is seen by one or the other.
+            await pubsub.subscribe(*keys)
+            metas = await self._metas(keys)
+            index = {k: i for i, k in enumerate(keys)}
+            view = self._view(job_id, sizes, metas)
+            while not view.finished and (remaining := deadline - time.monotonic()) > 0:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
+                if message is None:
+                    continue
+                metas[index[message["channel"]]] = json.loads(message["data"])
+                view = self._view(job_id, sizes, metas)
+            return view
+
+    async def queue_depth(self) -> int:
+        depth: int = await self._redis.llen(contract.QUEUE)
+        return depth
+
+    async def workers(self) -> list[dict[str, Any]]:
+        """Workers whose heartbeat is recent, with what they run."""
+        now = time.time()
+        names = await self._redis.zrangebyscore(contract.WORKERS_KEY, now - contract.HEARTBEAT_STALE_SECONDS, "+inf")
+        if not names:
+            return []
+        prefix = contract.WORKER_INFO_PREFIX.encode()
+        infos = await self._redis.mget([prefix + n for n in names if isinstance(n, bytes)])
+        return [json.loads(i) for i in infos if i is not None]
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+
+def make_service(settings: ApiSettings) -> JobService:
+    redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout,
+                                    socket_connect_timeout=settings.redis_timeout)
+    return JobService(settings, redis, make_celery(settings))
+

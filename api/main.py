@@ -1,0 +1,38 @@
+"""The ASGI app: `uvicorn api.main:app`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import errors
+from api.jobs import make_service
+from api.routes import compat, health, jobs
+from api.settings import ApiSettings, get_settings
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.jobs = make_service(settings)
+        try:
+            yield
+        finally:
+            await app.state.jobs.close()
+
+    app = FastAPI(title="toxfleet", version="0.1.0", lifespan=lifespan,
+                  description="Toxicity scoring with Detoxify on a batched Celery worker fleet. "
+                              "Submit with `POST /v1/jobs`, then `GET` the `Location` it returns.")
+    app.dependency_overrides[get_settings] = lambda: settings
+    errors.install(app)
+    app.include_router(jobs.router)
+    app.include_router(compat.router)
+    app.include_router(health.router)
+    return app
+
+
+app = create_app()

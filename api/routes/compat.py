@@ -1,0 +1,46 @@
+"""Drop-in replacements for the endpoints of the service toxfleet replaces, same response shapes.
+
+They ride on the same queue and workers, and wait for the result (up to `compat_timeout`), so an
+existing client keeps working unchanged while the work is batched behind it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query
+
+from api.deps import JobsDep, SettingsDep
+from api.errors import ScoringFailed, ScoringTimeout
+from api.jobs import JobService
+from api.routes.jobs import check_texts
+from api.settings import ApiSettings
+
+router = APIRouter(tags=["compatibility"])
+
+
+async def _score(texts: list[str], jobs: JobService, settings: ApiSettings) -> list[dict[str, float]]:
+    job_id = await jobs.submit(texts)
+    view = await jobs.get(job_id, wait=settings.compat_timeout)
+    if view.status == "failed":
+        raise ScoringFailed(view.error or "scoring failed")
+    if view.results is None:
+        raise ScoringTimeout(f"no result within {settings.compat_timeout}s; job {job_id} is still {view.status}, "
+                             f"see /v1/jobs/{job_id}")
+    return view.results
+
+
+@router.get("/toxicity")
+async def toxicity(q: Annotated[str, Query(description="The text to score.")], jobs: JobsDep,
+                   settings: SettingsDep) -> dict[str, float]:
+    """Score one text; returns {label: probability}."""
+    check_texts([q], settings, loc=("query", "q"))
+    return (await _score([q], jobs, settings))[0]
+
+
+@router.post("/toxicity/batch")
+async def toxicity_batch(texts: Annotated[list[str], Body(min_length=1, description="Texts to score.")],
+                         jobs: JobsDep, settings: SettingsDep) -> list[dict[str, float]]:
+    """Score a JSON list of texts; returns one {label: probability} per text, in order."""
+    check_texts(texts, settings, loc=("body",))
+    return await _score(texts, jobs, settings)

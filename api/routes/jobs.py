@@ -1,0 +1,67 @@
+"""`/v1/jobs`: submit texts (202 + Location), then GET the job, optionally long-polling with `?wait=`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.exceptions import RequestValidationError
+
+from api.deps import JobsDep, SettingsDep
+from api.jobs import JobView
+from api.schemas import JOB_ID_PATTERN, Job, JobAccepted, JobRequest, Progress
+from api.settings import ApiSettings
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "Unknown or expired job"},
+    429: {"description": "Queue full; see Retry-After"},
+    503: {"description": "Broker unavailable; see Retry-After"},
+}
+
+
+def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = ("body", "texts")) -> None:
+    """Enforce the configured limits with the same 422 shape FastAPI uses for schema errors."""
+    if len(texts) > settings.max_texts:
+        raise RequestValidationError([{"type": "too_long", "loc": loc, "input": len(texts),
+                                       "msg": f"at most {settings.max_texts} texts per job, got {len(texts)}"}])
+    for i, text in enumerate(texts):
+        if len(text) > settings.max_text_chars:
+            raise RequestValidationError([{"type": "string_too_long", "loc": (*loc, i), "input": len(text),
+                                           "msg": f"at most {settings.max_text_chars} characters per text, "
+                                                  f"got {len(text)}"}])
+
+
+def to_job(view: JobView) -> Job:
+    return Job(id=view.id, status=view.status, results=view.results, model=view.model, error=view.error,  # type: ignore[arg-type]
+               progress=Progress(done=view.done, total=view.total))
+
+
+@router.post("", status_code=202, response_model=JobAccepted, responses=_ERRORS)
+async def submit_job(body: JobRequest, response: Response, jobs: JobsDep, settings: SettingsDep) -> JobAccepted:
+    """Enqueue texts for scoring; poll the Location it returns."""
+    check_texts(body.texts, settings)
+    job_id = await jobs.submit(body.texts)
+    url = f"/v1/jobs/{job_id}"
+    response.headers["Location"] = url
+    response.headers["Retry-After"] = str(settings.retry_after)
+    return JobAccepted(id=job_id, url=url)
+
+
+@router.get("/{job_id}", response_model=Job, responses=_ERRORS)
+async def get_job(
+    job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The id `POST /v1/jobs` returned.")],
+    response: Response,
+    jobs: JobsDep,
+    settings: SettingsDep,
+    wait: Annotated[float, Query(ge=0, description="Seconds to wait for the job to finish (long-poll).")] = 0,
+) -> Job:
+    """The job's status, and its results once succeeded."""
+    if wait > settings.max_wait:
+        raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "wait"), "input": wait,
+                                       "msg": f"wait must be at most {settings.max_wait} seconds"}])
+    view = await jobs.get(job_id, wait=wait)
+    if not view.finished:
+        response.headers["Retry-After"] = str(settings.retry_after)
+    return to_job(view)

@@ -1,0 +1,48 @@
+"""API configuration: one pydantic-settings class, read once, failing fast on unsafe values.
+
+Environment variables are prefixed `TOXFLEET_` (plus `REDIS_URL`); each field's description is its
+documentation, and the README's table mirrors it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Self
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from toxfleet import contract
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class ApiSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOXFLEET_", extra="ignore")
+
+    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias=AliasChoices("REDIS_URL", "TOXFLEET_REDIS_URL"),
+                           description="Broker and result backend (redis:// or rediss://).")
+    max_texts: int = Field(contract.MAX_TEXTS_PER_JOB, ge=1, le=100_000, description="Most texts in one job.")
+    max_text_chars: int = Field(contract.MAX_TEXT_CHARS, ge=1, le=1_000_000, description="Most characters per text.")
+    max_wait: float = Field(30.0, ge=0, le=300, description="Longest long-poll (`?wait=`) in seconds.")
+    compat_timeout: float = Field(30.0, gt=0, le=300,
+                                  description="How long the drop-in /toxicity endpoints wait for a result.")
+    max_queue_depth: int = Field(10_000, ge=1, description="Queued messages above which new jobs get 429.")
+    retry_after: int = Field(1, ge=1, le=3600, description="Seconds suggested in Retry-After while a job runs.")
+    result_expires: int = Field(86_400, ge=60, le=30 * 86_400,
+                                description="Seconds a job and its results are kept (match the workers').")
+    visibility_timeout: int = Field(300, ge=10, le=86_400,
+                                    description="Redis redelivery timeout (must match the workers').")
+    redis_timeout: float = Field(1.0, gt=0, le=30,
+                                 description="Seconds before a Redis operation is given up (503 to the client).")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> ApiSettings:
+    return ApiSettings()

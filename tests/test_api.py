@@ -1,0 +1,145 @@
+"""The HTTP contract against the real app and a real Redis (no worker: jobs stay queued here)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from api.settings import ApiSettings
+from tests.conftest import free_port
+from toxfleet import contract
+
+
+@pytest.fixture
+def client(redis_server) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
+    redis_server.client().flushdb()
+    settings = ApiSettings(redis_url=redis_server.url, max_texts=5, max_text_chars=50, max_wait=2)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def test_submit_answers_202_with_location_and_retry_after(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """POST /v1/jobs enqueues one task message per chunk and answers 202, Location, Retry-After."""
+    r = client.post("/v1/jobs", json={"texts": ["hello", "world"]})
+    assert r.status_code == 202
+    body = r.json()
+    assert body["status"] == "queued" and len(body["id"]) == 32
+    assert r.headers["location"] == f"/v1/jobs/{body['id']}" == body["url"]
+    assert int(r.headers["retry-after"]) >= 1
+    assert redis_server.client().llen(contract.QUEUE) == 1
+
+
+def test_new_job_reads_as_queued(client: TestClient) -> None:
+    """GET on a job no worker has touched says queued, with null results and progress 0/n."""
+    job_id = client.post("/v1/jobs", json={"texts": ["a", "b", "c"]}).json()["id"]
+    r = client.get(f"/v1/jobs/{job_id}")
+    assert r.status_code == 200
+    assert r.json() == {"id": job_id, "status": "queued", "results": None, "model": None, "error": None,
+                        "progress": {"done": 0, "total": 3}}
+    assert "retry-after" in r.headers
+
+
+def test_long_poll_waits_then_returns_the_current_state(client: TestClient) -> None:
+    """?wait=S on an unfinished job returns after about S seconds, still queued."""
+    job_id = client.post("/v1/jobs", json={"texts": ["a"]}).json()["id"]
+    t0 = time.monotonic()
+    r = client.get(f"/v1/jobs/{job_id}", params={"wait": 0.5})
+    assert 0.45 <= time.monotonic() - t0 < 2.0
+    assert r.json()["status"] == "queued"
+
+
+def test_unknown_job_is_404(client: TestClient) -> None:
+    """A well-formed id that names no job is 404 with a message."""
+    r = client.get("/v1/jobs/" + "0" * 32)
+    assert r.status_code == 404 and "no job" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("bad_id", ["abc", "0" * 31, "Z" * 32, "0" * 33])
+def test_malformed_job_id_is_422(client: TestClient, bad_id: str) -> None:
+    """An id of the wrong shape is rejected before Redis is asked."""
+    assert client.get(f"/v1/jobs/{bad_id}").status_code == 422
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"texts": []}, "at least 1"),
+    ({"texts": [1, 2]}, "valid string"),
+    ({"texts": "not a list"}, "valid list"),
+    ({}, "Field required"),
+    ({"texts": ["x"] * 6}, "at most 5 texts"),
+    ({"texts": ["ok", "y" * 51]}, "at most 50 characters"),
+])
+def test_bad_input_is_422_with_a_message(client: TestClient, body: object, needle: str) -> None:
+    """Each kind of bad input gets a 422 whose message says what is wrong."""
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 422
+    assert needle in str(r.json()["detail"])
+
+
+def test_invalid_json_is_422(client: TestClient) -> None:
+    """A body that is not JSON is a clear 4xx, never a 500."""
+    r = client.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "JSON" in str(r.json()["detail"])
+
+
+def test_wait_is_bounded(client: TestClient) -> None:
+    """?wait beyond the configured maximum is refused, not silently held open."""
+    job_id = client.post("/v1/jobs", json={"texts": ["a"]}).json()["id"]
+    r = client.get(f"/v1/jobs/{job_id}", params={"wait": 3})
+    assert r.status_code == 422 and "at most 2" in str(r.json()["detail"])
+    assert client.get(f"/v1/jobs/{job_id}", params={"wait": -1}).status_code == 422
+
+
+def test_large_job_is_split_into_chunks(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """A job larger than one chunk becomes several task messages, so several workers can share it."""
+    redis_server.client().flushdb()
+    with TestClient(create_app(ApiSettings(redis_url=redis_server.url))) as c:
+        texts = [f"text number {i}" for i in range(100)]
+        r = c.post("/v1/jobs", json={"texts": texts})
+        assert r.status_code == 202
+        assert redis_server.client().llen(contract.QUEUE) == len(contract.chunk(texts)) > 1
+        assert c.get(r.headers["location"]).json()["progress"]["total"] == 100
+
+
+def test_health_endpoints(client: TestClient) -> None:
+    """Liveness, readiness (broker up, no workers yet) and the drop-in health endpoints answer."""
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthcheck").json() == {"status": "OK"}
+    assert client.get("/healthcheck/loadbalancer").json() == {"status": "OK"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["broker"] == "ok" and ready.json()["workers"] == 0
+
+
+def test_queue_full_is_429_with_retry_after(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """When more messages wait than max_queue_depth, new jobs are refused at once with 429."""
+    redis_server.client().flushdb()
+    with TestClient(create_app(ApiSettings(redis_url=redis_server.url, max_queue_depth=2))) as c:
+        assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202
+        assert c.post("/v1/jobs", json={"texts": ["b"]}).status_code == 202
+        r = c.post("/v1/jobs", json={"texts": ["c"]})
+        assert r.status_code == 429 and "retry-after" in r.headers and "queue is full" in r.json()["detail"]
+
+
+def test_redis_unreachable_is_a_fast_503() -> None:
+    """With no Redis listening, submit, read and readiness answer 503 + Retry-After within a second."""
+    settings = ApiSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    with TestClient(create_app(settings)) as c:
+        for method, path, kw in [("post", "/v1/jobs", {"json": {"texts": ["a"]}}), ("get", "/v1/jobs/" + "0" * 32, {}),
+                                 ("get", "/readyz", {})]:
+            t0 = time.monotonic()
+            r = getattr(c, method)(path, **kw)
+            assert r.status_code == 503, (path, r.text)
+            assert "retry-after" in r.headers
+            assert time.monotonic() - t0 < 1.0
+        assert c.get("/healthz").status_code == 200
+
+
+def test_openapi_docs_are_served(client: TestClient) -> None:
+    """OpenAPI schema and the /docs page exist and list the job endpoints."""
+    spec = client.get("/openapi.json").json()
+    assert "/v1/jobs" in spec["paths"] and "/v1/jobs/{job_id}" in spec["paths"]
+    assert client.get("/docs").status_code == 200
