@@ -8,6 +8,8 @@ stores), so a long-poll answers the moment the last chunk lands, with no polling
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import time
 import uuid
@@ -19,13 +21,16 @@ from celery import Celery
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from api.errors import BrokerUnavailable, JobNotFound, QueueFull
+from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, QueueFull
 from api.settings import ApiSettings
 from toxfleet import contract
 from toxfleet.celeryconf import celery_config
 
 JOB_KEY_PREFIX = "toxfleet:job:"
 """Redis key prefix of job manifests."""
+
+IDEMPOTENCY_KEY_PREFIX = "toxfleet:idem:"
+"""Redis key prefix of Idempotency-Key records (the client's key is stored hashed)."""
 
 _FINAL = {"SUCCESS", "FAILURE"}
 
@@ -80,23 +85,56 @@ class JobService:
 
     # -- submit ---------------------------------------------------------------------------------
 
-    async def submit(self, texts: list[str]) -> str:
-        """Enqueue a job and return its id; QueueFull or BrokerUnavailable instead when it cannot."""
+    async def submit(self, texts: list[str], idempotency_key: str | None = None,
+                     fingerprint: str = "") -> tuple[str, bool]:
+        """Enqueue a job; returns `(job_id, created)`. With an idempotency key seen before (and the
+        same request `fingerprint`), returns the earlier job instead, `created` False."""
         job_id = uuid.uuid4().hex
         chunks = contract.chunk(texts)
-        manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time()})
+        manifest_key = JOB_KEY_PREFIX + job_id
+        idem_key = IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(idempotency_key.encode()).hexdigest() \
+            if idempotency_key else None
         try:
+            if idem_key and (earlier := await self._redis.get(idem_key)) is not None:
+                return self._replay(earlier, fingerprint), False
             depth = await self._redis.llen(contract.QUEUE)
             if depth >= self._settings.max_queue_depth:
                 raise QueueFull(f"queue is full ({depth} messages waiting); retry later")
-            await self._redis.set(JOB_KEY_PREFIX + job_id, manifest, ex=self._settings.result_expires)
+            manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time()})
+            await self._redis.set(manifest_key, manifest, ex=self._settings.result_expires)
+            if idem_key:
+                record = json.dumps({"job_id": job_id, "fingerprint": fingerprint})
+                # The manifest exists before the key does, so whoever reads the key finds the job.
+                if not await self._redis.set(idem_key, record, nx=True, ex=self._settings.idempotency_ttl):
+                    await self._redis.delete(manifest_key)  # a concurrent twin won; ours was never sent
+                    return self._replay(await self._redis.get(idem_key), fingerprint), False
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
         try:
             await run_in_threadpool(self._send, job_id, chunks)
         except Exception as exc:  # kombu raises its own OperationalError family
+            with contextlib.suppress(RedisError):
+                await self._redis.delete(manifest_key, *([idem_key] if idem_key else []))
             raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
+        return job_id, True
+
+    @staticmethod
+    def _replay(record: bytes | str | None, fingerprint: str) -> str:
+        if record is None:  # expired between two reads: vanishingly rare; the client retries
+            raise BrokerUnavailable("idempotency record changed during the request; retry")
+        earlier = json.loads(record)
+        if earlier["fingerprint"] != fingerprint:
+            raise IdempotencyMismatch("Idempotency-Key was already used with a different request body")
+        job_id: str = earlier["job_id"]
         return job_id
+
+    async def incr_window(self, key: str) -> int:
+        """Count a request in a rate-limit window key (expires with the window)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, 2)
+            count, _ = await pipe.execute()
+        return int(count)
 
     def _send(self, job_id: str, chunks: list[list[str]]) -> None:
         with self._celery.producer_or_acquire() as producer:

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import errors
+from api import bodylimit, errors
 from api.jobs import make_service
 from api.routes import compat, health, jobs
 from api.settings import ApiSettings, get_settings
@@ -29,6 +29,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                               "Submit with `POST /v1/jobs`, then `GET` the `Location` it returns.")
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install(app)
+    bodylimit.install(app, settings.max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(compat.router)
     app.include_router(health.router)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Self
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import contract
@@ -31,15 +31,31 @@ class ApiSettings(BaseSettings):
     retry_after: int = Field(1, ge=1, le=3600, description="Seconds suggested in Retry-After while a job runs.")
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400,
                                 description="Seconds a job and its results are kept (match the workers').")
-    visibility_timeout: int = Field(300, ge=10, le=86_400,
+    visibility_timeout: int = Field(120, ge=5, le=86_400,
                                     description="Redis redelivery timeout (must match the workers').")
     redis_timeout: float = Field(1.0, gt=0, le=30,
                                  description="Seconds before a Redis operation is given up (503 to the client).")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
+                                description="Largest request body accepted; larger ones get 413.")
+    api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys; empty means no auth. "
+                                "When set, job and scoring routes need `Authorization: Bearer <key>`.")
+    rate_limit: int = Field(0, ge=0, le=1_000_000,
+                            description="Requests per second per API key (0: unlimited); 429 above it.")
+    idempotency_ttl: int = Field(86_400, ge=60, le=30 * 86_400,
+                                 description="Seconds an Idempotency-Key is remembered.")
+
+    @property
+    def api_key_list(self) -> list[str]:
+        return [k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip()]
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        if any(len(k) < 16 for k in self.api_key_list):
+            raise ValueError("TOXFLEET_API_KEYS: every key must have at least 16 characters")
+        if self.rate_limit and not self.api_key_list:
+            raise ValueError("TOXFLEET_RATE_LIMIT is per API key: set TOXFLEET_API_KEYS too")
         return self
 
 

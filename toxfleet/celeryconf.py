@@ -14,7 +14,14 @@ from toxfleet.contract import QUEUE
 
 def celery_config(*, visibility_timeout: int, result_expires: int) -> dict[str, Any]:
     """Settings for `Celery.conf.update`, common to the API and the workers."""
-    transport = {"visibility_timeout": visibility_timeout}
+    transport = {
+        "visibility_timeout": visibility_timeout,
+        # kombu scans for messages whose consumer died every interval x throttle seconds (default
+        # 10 x 10); scanning every 5 s bounds recovery after a whole worker dies to about
+        # visibility_timeout + 5 s.
+        "unacked_restore_interval": 5,
+        "unacked_restore_throttle": 1,
+    }
     return {
         "task_serializer": "json",
         "result_serializer": "json",

@@ -62,6 +62,13 @@ class BatchTask(Task):  # type: ignore[misc]
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     max_retries: int = 2
 
+    def __init__(self) -> None:
+        # Created once per task object, not per Strategy call: Celery rebuilds strategies when the
+        # consumer reconnects to the broker, while batches dispatched before that are still running.
+        self._buffer: deque[tuple[Request, int]] = deque()
+        self._in_flight: set[str] = set()
+        self._pool: Any = None
+
     def run_batch(self, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         raise NotImplementedError
 
@@ -76,8 +83,6 @@ class BatchTask(Task):  # type: ignore[misc]
 
     def Strategy(self, task: BatchTask, app: Any, consumer: Any) -> Callable[..., None]:  # noqa: N802
         self._pool = consumer.pool
-        self._buffer: deque[tuple[Request, int]] = deque()
-        self._in_flight = 0
         hostname = consumer.hostname
         eventer = consumer.event_dispatcher
         connection_errors = consumer.connection_errors
@@ -129,14 +134,14 @@ class BatchTask(Task):  # type: ignore[misc]
         return batch
 
     def _flush(self) -> None:
-        while self._buffer and self._in_flight < self._concurrency():
+        while self._buffer and len(self._in_flight) < self._concurrency():
             self._dispatch(self._take())
 
     def _dispatch(self, batch: list[Request]) -> None:
         batch_id = uuid()[:12]
         payload = [{"id": r.id, "args": r.args, "kwargs": r.kwargs, "retries": r.request_dict.get("retries", 0)}
                    for r in batch]
-        self._in_flight += 1
+        self._in_flight.add(batch_id)
 
         def on_accepted(pid: int, time_accepted: float) -> None:
             for r in batch:
@@ -146,13 +151,13 @@ class BatchTask(Task):  # type: ignore[misc]
                 r.send_event("task-started")
 
         def on_return(outcomes: list[dict[str, Any]]) -> None:
-            self._in_flight -= 1
+            self._in_flight.discard(batch_id)
             for r, outcome in zip(batch, outcomes, strict=True):
                 self._finish(r, outcome)
             self._flush()
 
         def on_error(einfo: ExceptionInfo) -> None:
-            self._in_flight -= 1
+            self._in_flight.discard(batch_id)
             reason = f"worker process lost while scoring: {einfo.exception!r}"
             logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason)
             for r in batch:

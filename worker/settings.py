@@ -37,8 +37,9 @@ class WorkerSettings(BaseSettings):
                               description="Estimated tokens a worker process takes from its buffer at once.")
     prefetch_multiplier: int = Field(32, ge=1, le=10_000,
                                      description="Celery prefetch per process; must cover a full batch per process.")
-    visibility_timeout: int = Field(300, ge=10, le=86_400,
-                                    description="Seconds before Redis redelivers an unacknowledged message.")
+    visibility_timeout: int = Field(120, ge=5, le=86_400,
+                                    description="Seconds before Redis redelivers a message whose worker died; "
+                                                "must exceed the longest a message waits in a worker's buffer.")
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400, description="Seconds results are kept.")
     max_retries: int = Field(2, ge=0, le=10,
                              description="Re-deliveries after a worker process died mid-batch, before failing.")

@@ -10,6 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query
 
+from api.auth import KeyDep
 from api.deps import JobsDep, SettingsDep
 from api.errors import ScoringFailed, ScoringTimeout
 from api.jobs import JobService
@@ -20,7 +21,7 @@ router = APIRouter(tags=["compatibility"])
 
 
 async def _score(texts: list[str], jobs: JobService, settings: ApiSettings) -> list[dict[str, float]]:
-    job_id = await jobs.submit(texts)
+    job_id, _ = await jobs.submit(texts)
     view = await jobs.get(job_id, wait=settings.compat_timeout)
     if view.status == "failed":
         raise ScoringFailed(view.error or "scoring failed")
@@ -32,7 +33,7 @@ async def _score(texts: list[str], jobs: JobService, settings: ApiSettings) -> l
 
 @router.get("/toxicity")
 async def toxicity(q: Annotated[str, Query(description="The text to score.")], jobs: JobsDep,
-                   settings: SettingsDep) -> dict[str, float]:
+                   settings: SettingsDep, _key: KeyDep) -> dict[str, float]:
     """Score one text; returns {label: probability}."""
     check_texts([q], settings, loc=("query", "q"))
     return (await _score([q], jobs, settings))[0]
@@ -40,7 +41,7 @@ async def toxicity(q: Annotated[str, Query(description="The text to score.")], j
 
 @router.post("/toxicity/batch")
 async def toxicity_batch(texts: Annotated[list[str], Body(min_length=1, description="Texts to score.")],
-                         jobs: JobsDep, settings: SettingsDep) -> list[dict[str, float]]:
+                         jobs: JobsDep, settings: SettingsDep, _key: KeyDep) -> list[dict[str, float]]:
     """Score a JSON list of texts; returns one {label: probability} per text, in order."""
     check_texts(texts, settings, loc=("body",))
     return await _score(texts, jobs, settings)

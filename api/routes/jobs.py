@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 
+from api.auth import KeyDep
 from api.deps import JobsDep, SettingsDep
 from api.jobs import JobView
 from api.schemas import JOB_ID_PATTERN, Job, JobAccepted, JobRequest, Progress
@@ -15,6 +16,7 @@ from api.settings import ApiSettings
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "API keys are on: send `Authorization: Bearer <key>`"},
     404: {"description": "Unknown or expired job"},
     429: {"description": "Queue full; see Retry-After"},
     503: {"description": "Broker unavailable; see Retry-After"},
@@ -39,13 +41,25 @@ def to_job(view: JobView) -> Job:
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=_ERRORS)
-async def submit_job(body: JobRequest, response: Response, jobs: JobsDep, settings: SettingsDep) -> JobAccepted:
+async def submit_job(
+    body: JobRequest,
+    response: Response,
+    jobs: JobsDep,
+    settings: SettingsDep,
+    _key: KeyDep,
+    idempotency_key: Annotated[str | None, Header(
+        min_length=1, max_length=255,
+        description="Retrying with the same key returns the same job (remembered for `idempotency_ttl`); "
+                    "the same key with a different body is 422.")] = None,
+) -> JobAccepted:
     """Enqueue texts for scoring; poll the Location it returns."""
     check_texts(body.texts, settings)
-    job_id = await jobs.submit(body.texts)
+    job_id, created = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json())
     url = f"/v1/jobs/{job_id}"
     response.headers["Location"] = url
     response.headers["Retry-After"] = str(settings.retry_after)
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
     return JobAccepted(id=job_id, url=url)
 
 
@@ -55,6 +69,7 @@ async def get_job(
     response: Response,
     jobs: JobsDep,
     settings: SettingsDep,
+    _key: KeyDep,
     wait: Annotated[float, Query(ge=0, description="Seconds to wait for the job to finish (long-poll).")] = 0,
 ) -> Job:
     """The job's status, and its results once succeeded."""

@@ -1,0 +1,56 @@
+"""Optional API keys (`Authorization: Bearer <key>`) and a per-key rate limit.
+
+Keys are off until `TOXFLEET_API_KEYS` is set; then every job and scoring route needs one, while
+health endpoints and the docs stay open. The limit is a fixed one-second window per key, counted in
+Redis so that every API process shares it. Keys are never stored or logged: only a short hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from redis.exceptions import RedisError
+
+from api.deps import JobsDep, SettingsDep
+from api.errors import BrokerUnavailable, RateLimited, Unauthorized
+
+RATE_KEY_PREFIX = "toxfleet:rate:"
+"""Redis key prefix of the per-key, per-second request counters."""
+
+
+def key_id(key: str) -> str:
+    """A short, non-reversible name for a key, for counters and logs."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+async def require_key(
+    request: Request,
+    settings: SettingsDep,
+    jobs: JobsDep,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> str | None:
+    """The caller's key id when keys are configured; 401 without a valid key, 429 over the limit."""
+    keys = settings.api_key_list
+    if not keys:
+        return None
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+        raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
+    ident = key_id(token)
+    if settings.rate_limit:
+        window = f"{RATE_KEY_PREFIX}{ident}:{int(time.time())}"
+        try:
+            count = await jobs.incr_window(window)
+        except RedisError as exc:
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        if count > settings.rate_limit:
+            raise RateLimited(f"rate limit of {settings.rate_limit} requests per second exceeded for this key")
+    request.state.key_id = ident
+    return ident
+
+
+KeyDep = Annotated[str | None, Depends(require_key)]
