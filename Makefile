@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-fast lint checkpoints bench bench-quick clean
+.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick clean
 
 venv: $(VENV)/.installed
 
@@ -31,11 +31,16 @@ $(MODELS)/%/model.ckpt: | venv
 
 checkpoints: $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 
-## Lint, type-check, then the whole test suite against real Redis, Celery and Flower processes.
-test: venv $(MODELS)/tiny/model.ckpt
+## Lint, type-check, then the whole test suite against real Redis, Celery and Flower processes
+## (the fault suite included).
+test: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+## Only the fault suite (kill -9, SIGTERM, Redis restart, poison input), with its summary lines.
+test-faults: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
+	$(PY) -m pytest -q -s -m faults
 
 lint: venv
 	$(VENV)/bin/ruff check .

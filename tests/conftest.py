@@ -149,12 +149,12 @@ def base_env(redis_url: str, checkpoint: tuple[Path, Path] | None, **overrides: 
 
 
 def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None, name: str = "w1",
-                 concurrency: int = 2, wait: bool = True, **env: str) -> Proc:
+                 concurrency: int = 2, wait: bool = True, env: dict[str, str] | None = None) -> Proc:
     """A real `celery -A worker worker` process; waits until its heartbeat says it is ready."""
     hostname = f"{name}-{os.getpid()}@test"
     proc = Proc(name, [sys.executable, "-m", "celery", "-A", "worker", "worker", "--loglevel=INFO", "--events",
                        "--hostname", hostname, "--concurrency", str(concurrency)],
-                base_env(redis_url, checkpoint, **env), tmp / f"{name}.log")
+                base_env(redis_url, checkpoint, **(env or {})), tmp / f"{name}.log")
     proc.extra["hostname"] = hostname
     proc.start()
     if wait:

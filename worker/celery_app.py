@@ -25,5 +25,8 @@ app.conf.update(
     worker_prefetch_multiplier=_settings.prefetch_multiplier,
     worker_concurrency=_settings.concurrency or default_concurrency(_settings.torch_threads),
     worker_send_task_events=True,
+    # Pool processes load the model in worker_process_init; billiard's default of 4 s for a new
+    # process to report "up" is shorter than a model load on a busy host, and it kills them in a loop.
+    worker_proc_alive_timeout=_settings.process_start_timeout,
     worker_hijack_root_logger=True,
 )

@@ -138,10 +138,11 @@ class _Heartbeat(threading.Thread):
         self._info = json.dumps({"hostname": hostname, "model": settings.model_identity,
                                  "backend": settings.backend, "concurrency": concurrency,
                                  "pid": os.getpid(), "host": socket.gethostname()})
-        self._stop = threading.Event()
+        # Not `_stop`: threading.Thread has a `_stop()` method that fork calls on every thread.
+        self._stopping = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 with self._redis.pipeline(transaction=False) as pipe:
                     pipe.zadd(contract.WORKERS_KEY, {self._hostname: time.time()})
@@ -150,10 +151,10 @@ class _Heartbeat(threading.Thread):
                     pipe.execute()
             except Exception as exc:  # Redis away: keep trying, the API will call us absent
                 logger.debug("heartbeat failed: %r", exc)
-            self._stop.wait(HEARTBEAT_SECONDS)
+            self._stopping.wait(HEARTBEAT_SECONDS)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         try:
             self._redis.zrem(contract.WORKERS_KEY, self._hostname)
             self._redis.delete(contract.WORKER_INFO_PREFIX + self._hostname)

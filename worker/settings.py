@@ -41,6 +41,8 @@ class WorkerSettings(BaseSettings):
                                     description="Seconds before Redis redelivers a message whose worker died; "
                                                 "must exceed the longest a message waits in a worker's buffer.")
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400, description="Seconds results are kept.")
+    process_start_timeout: float = Field(120.0, ge=5, le=3600,
+                                         description="Seconds a new pool process may take to load the model.")
     max_retries: int = Field(2, ge=0, le=10,
                              description="Re-deliveries after a worker process died mid-batch, before failing.")
     max_texts: int = Field(contract.MAX_TEXTS_PER_JOB, ge=1, le=100_000, description="Most texts per task.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -59,7 +60,7 @@ class ScoreTask(BatchTask):
         scorer = lifecycle.scorer()
         store = ResultStore(self.backend)
         extra: dict[str, Any] = {"model": scorer.backend.identity,
-                                 "batch": {"id": batch_id, "requests": len(requests)}}
+                                 "batch": {"id": batch_id, "requests": len(requests), "pid": os.getpid()}}
 
         outcomes: dict[str, dict[str, Any]] = {}
         texts: dict[str, list[str]] = {}

@@ -1,0 +1,407 @@
+"""Fault tests: real worker processes, a real Redis (with AOF, as deployed), the real API, real faults.
+
+Each test submits a load of jobs over HTTP, injects one fault, then checks that **every submitted job
+ends succeeded or failed-with-a-reason**, that every succeeded job's scores equal Detoxify's own, and
+that no task published two final results (an observer counts every result publication in Redis).
+Each prints one summary line; `make test-faults` shows them.
+
+They run on the full-size `unbiased-small` architecture (random weights), so that a batch takes long
+enough (about a second) for a fault to land in the middle of it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import MODELS, ROOT, Proc, RedisServer, free_port, start_api, start_worker, wait_for
+from toxfleet import contract
+from toxfleet.corpus import CommentCorpus
+
+pytestmark = pytest.mark.faults
+
+VISIBILITY = "10"
+"""Visibility timeout for these tests, so redelivery after a dead worker takes seconds, not minutes."""
+
+
+@pytest.fixture(scope="module")
+def full_checkpoint() -> tuple[Path, Path]:
+    ckpt = MODELS / "unbiased-small" / "model.ckpt"
+    if not ckpt.is_file():
+        subprocess.run([sys.executable, "-m", "worker.synthetic", "unbiased-small", "--out", str(MODELS)],
+                       check=True, cwd=ROOT)
+    return ckpt, ckpt.parent / "hf"
+
+
+@pytest.fixture(scope="module")
+def reference(full_checkpoint: tuple[Path, Path]) -> Any:
+    import torch
+    from detoxify import Detoxify
+
+    torch.set_num_threads(1)
+    return Detoxify(checkpoint=str(full_checkpoint[0]), huggingface_config_path=str(full_checkpoint[1]))
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private Redis with AOF persistence, like the shipped deployment, so a restart loses nothing."""
+
+    class AofRedis(RedisServer):
+        def start(self) -> None:
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+                 "--appendfsync", "everysec", "--dir", str(self.workdir)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            client = redis.Redis(port=self.port)
+            wait_for(lambda: bool(client.ping()), 10, "redis-server")
+
+    server = AofRedis(free_port(), tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+class ResultObserver(threading.Thread):
+    """Counts every final result Celery's backend publishes, per task id (survives Redis restarts)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.finals: Counter[str] = Counter()
+        self.stopped = threading.Event()
+        self.subscribed = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                pubsub = redis.Redis.from_url(self.url, socket_timeout=1).pubsub()
+                pubsub.psubscribe("celery-task-meta-*")
+                self.subscribed.set()
+                while not self.stopped.is_set():
+                    message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+                    if message and message["type"] == "pmessage":
+                        meta = json.loads(message["data"])
+                        if meta["status"] in ("SUCCESS", "FAILURE"):
+                            self.finals[meta["task_id"]] += 1
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                time.sleep(0.2)
+
+
+@dataclass
+class Load:
+    """A set of jobs submitted over HTTP, and what became of them."""
+
+    api: str
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def submit(self, jobs: list[list[str]]) -> None:
+        def post(texts: list[str]) -> tuple[str, list[str]]:
+            for _ in range(50):
+                r = httpx.post(self.api + "/v1/jobs", json={"texts": texts}, timeout=10)
+                if r.status_code == 202:
+                    return r.json()["id"], texts
+                time.sleep(0.2)  # 503 while Redis restarts: the client retries, as documented
+            raise AssertionError(f"could not submit: {r.status_code} {r.text}")
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            for job_id, texts in pool.map(post, jobs):
+                self.texts[job_id] = texts
+
+    def settle(self, deadline_s: float) -> None:
+        """Poll every job until it is final or the deadline passes."""
+        deadline = time.monotonic() + deadline_s
+        pending = set(self.texts)
+        while pending and time.monotonic() < deadline:
+            for job_id in list(pending):
+                try:
+                    r = httpx.get(f"{self.api}/v1/jobs/{job_id}", params={"wait": 1}, timeout=10)
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+                    continue
+                if r.status_code == 200 and r.json()["status"] in ("succeeded", "failed"):
+                    self.bodies[job_id] = r.json()
+                    pending.discard(job_id)
+                elif r.status_code == 404:
+                    self.bodies[job_id] = {"status": "lost"}
+                    pending.discard(job_id)
+
+
+def summarize(name: str, load: Load, observer: ResultObserver, recovery_s: float) -> dict[str, int]:
+    chunk_ids = {contract.chunk_task_id(j, i) for j in load.texts for i in range(len(contract.chunk(load.texts[j])))}
+    statuses = Counter(load.bodies.get(j, {}).get("status", "lost") for j in load.texts)
+    failed_without_reason = sum(1 for b in load.bodies.values() if b["status"] == "failed" and not b.get("error"))
+    summary = {"submitted": len(load.texts), "succeeded": statuses["succeeded"], "failed": statuses["failed"],
+               "lost": len(load.texts) - statuses["succeeded"] - statuses["failed"] + failed_without_reason,
+               "duplicated": sum(1 for t in chunk_ids if observer.finals[t] > 1)}
+    line = " ".join(f"{k}={v}" for k, v in summary.items())
+    print(f"\nFAULT {name}: {line} recovery_s={recovery_s:.1f}")
+    with open(ROOT / "var" / "faults-summary.txt", "a") as out:
+        out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {name}: {line} recovery_s={recovery_s:.1f}\n")
+    return summary
+
+
+def check_scores(load: Load, reference: Any) -> None:
+    for job_id, body in load.bodies.items():
+        if body["status"] != "succeeded":
+            continue
+        expected = reference.predict(load.texts[job_id])
+        for i, row in enumerate(body["results"]):
+            for label, value in row.items():
+                want = expected[label][i] if len(load.texts[job_id]) > 1 else expected[label]
+                assert value == pytest.approx(want, abs=1e-4), (job_id, i, label)
+
+
+@pytest.fixture
+def env(aof_redis: RedisServer, full_checkpoint: tuple[Path, Path], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    (ROOT / "var").mkdir(exist_ok=True)
+    observer = ResultObserver(aof_redis.url)
+    observer.start()
+    observer.subscribed.wait(5)
+    api, url = start_api(tmp_path, aof_redis.url, TOXFLEET_VISIBILITY_TIMEOUT=VISIBILITY)
+    procs: list[Proc] = [api]
+    yield {"redis": aof_redis, "ckpt": full_checkpoint, "tmp": tmp_path, "api": url, "observer": observer,
+           "procs": procs}
+    observer.stopped.set()
+    for p in reversed(procs):
+        p.stop()
+
+
+def worker(env: dict[str, Any], name: str, concurrency: int = 2, **extra: str) -> Proc:
+    proc = start_worker(env["tmp"], env["redis"].url, env["ckpt"], name=name, concurrency=concurrency,
+                        env={"TOXFLEET_VISIBILITY_TIMEOUT": VISIBILITY, **extra})
+    env["procs"].append(proc)
+    return proc
+
+
+def jobs(n: int, seed: int) -> list[list[str]]:
+    corpus = CommentCorpus(seed)
+    return [corpus.texts(1 + i % 3) for i in range(n)]
+
+
+def pool_pids(parent: int) -> list[int]:
+    """Pids of a worker's pool processes (its direct children)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def running_batch_pid(url: str, timeout: float = 30) -> int:
+    """The pid of a pool process that has a batch in progress (from the STARTED meta it stored)."""
+    client = redis.Redis.from_url(url)
+    found: list[int] = []
+
+    def started() -> bool:
+        for key in client.scan_iter("celery-task-meta-*", count=500):
+            raw = client.get(key)
+            meta = json.loads(raw) if raw else {}
+            if meta.get("status") == "STARTED":
+                found.append(meta["batch"]["pid"])
+                return True
+        return False
+
+    wait_for(started, timeout, "a batch to start", interval=0.02)
+    return found[0]
+
+
+def test_sigkill_pool_process_mid_batch(env: dict[str, Any], reference: Any) -> None:
+    """The OOM killer takes a pool process mid-batch: its requests are re-published and complete."""
+    w = worker(env, "kill-child")
+    load = Load(env["api"])
+    load.submit(jobs(40, 1))
+    os.kill(running_batch_pid(env["redis"].url), signal.SIGKILL)
+    t0 = time.monotonic()
+    load.settle(120)
+    s = summarize("sigkill-pool-process", load, env["observer"], time.monotonic() - t0)
+    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
+    assert "worker process lost" in w.output()
+    check_scores(load, reference)
+
+
+def test_sigkill_whole_worker_then_replacement(env: dict[str, Any], reference: Any) -> None:
+    """A whole worker (main process and pool) is SIGKILLed mid-load; a replacement finishes its jobs
+    within the visibility timeout plus the restore scan."""
+    first = worker(env, "doomed")
+    load = Load(env["api"])
+    load.submit(jobs(40, 2))
+    running_batch_pid(env["redis"].url)
+    assert first.proc is not None
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    worker(env, "replacement")
+    load.settle(150)
+    recovery = time.monotonic() - t0
+    s = summarize("sigkill-whole-worker", load, env["observer"], recovery)
+    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
+    assert recovery < float(VISIBILITY) + 60
+    check_scores(load, reference)
+
+
+def test_sigterm_mid_batch_hands_work_back(env: dict[str, Any], reference: Any) -> None:
+    """Scale-in: SIGTERM a worker mid-batch; in-flight batches finish, buffered requests go back to the
+    queue, and the remaining worker completes everything."""
+    stays = worker(env, "stays", concurrency=1)
+    leaves = worker(env, "leaves", concurrency=1)
+    load = Load(env["api"])
+    load.submit(jobs(40, 3))
+    running_batch_pid(env["redis"].url)
+    t0 = time.monotonic()
+    leaves.signal(signal.SIGTERM)
+    assert leaves.proc is not None
+    leaves.proc.wait(60)
+    load.settle(150)
+    s = summarize("sigterm-mid-batch", load, env["observer"], time.monotonic() - t0)
+    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
+    assert stays.alive()
+    check_scores(load, reference)
+
+
+def test_redis_restart_during_load(env: dict[str, Any], reference: Any) -> None:
+    """Redis restarts (AOF on) in the middle of a load: workers reconnect and keep consuming; jobs sent
+    before, during and after the restart all complete."""
+    worker(env, "survivor")
+    load = Load(env["api"])
+    load.submit(jobs(30, 4))
+    running_batch_pid(env["redis"].url)
+    t0 = time.monotonic()
+    env["redis"].restart()
+    load.submit(jobs(10, 5))  # during/just after the restart (the client retries 503s)
+    load.settle(150)
+    after = Load(env["api"])  # a consumer that silently stopped after the reconnect would fail here
+    after.submit(jobs(10, 6))
+    after.settle(60)
+    load.texts.update(after.texts)
+    load.bodies.update(after.bodies)
+    s = summarize("redis-restart", load, env["observer"], time.monotonic() - t0)
+    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 50
+    check_scores(load, reference)
+
+
+def test_redis_down_api_answers_503_fast(env: dict[str, Any]) -> None:
+    """With Redis stopped, the API answers 503 + Retry-After within a second instead of hanging."""
+    env["redis"].stop()
+    t0 = time.monotonic()
+    r = httpx.post(env["api"] + "/v1/jobs", json={"texts": ["hello"]}, timeout=10)
+    elapsed = time.monotonic() - t0
+    print(f"\nFAULT redis-down: status={r.status_code} seconds={elapsed:.2f}")
+    assert r.status_code == 503 and "retry-after" in r.headers and elapsed < 1.0
+    assert httpx.get(env["api"] + "/readyz", timeout=10).status_code == 503
+    env["redis"].start()
+    wait_for(lambda: httpx.get(env["api"] + "/readyz", timeout=2).status_code == 200, 10, "readiness after Redis")
+
+
+@pytest.fixture
+def poison_checkpoint(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path, int]:
+    """The tiny checkpoint with its embedding table cut short, so a text containing a rare token makes
+    the model itself raise (IndexError in the embedding lookup), as a tokenizer/model mismatch would."""
+    import shutil
+
+    import torch
+
+    keep = 600
+    hf = tmp_path / "poison-hf"
+    shutil.copytree(tiny_checkpoint[1], hf)
+    config = json.loads((hf / "config.json").read_text())
+    config["vocab_size"] = keep
+    (hf / "config.json").write_text(json.dumps(config))
+    ckpt = torch.load(tiny_checkpoint[0], weights_only=False)
+    sd = ckpt["state_dict"]
+    for name in list(sd):
+        if name.endswith("word_embeddings.weight") or name.endswith("predictions.decoder.weight"):
+            sd[name] = sd[name][:keep].clone()
+        if name.endswith("predictions.bias") or name.endswith("predictions.decoder.bias"):
+            sd[name] = sd[name][:keep].clone()
+    ckpt["config"]["arch"]["args"]["model_type"] = str(hf)
+    path = tmp_path / "poison.ckpt"
+    torch.save(ckpt, path)
+    return path, hf, keep
+
+
+def test_poison_text_fails_only_its_job(poison_checkpoint: tuple[Path, Path, int], aof_redis: RedisServer,
+                                        tmp_path: Path) -> None:
+    """A text that makes the model raise fails its own job with the reason; jobs batched with it succeed."""
+    from transformers import AlbertTokenizer
+
+    ckpt, hf, keep = poison_checkpoint
+    tok = AlbertTokenizer.from_pretrained(hf)
+    corpus = CommentCorpus(9)
+    good: list[str] = []
+    bad: list[str] = []
+    while len(good) < 20 or len(bad) < 3:
+        text = corpus.text()[:200]
+        (bad if max(tok(text)["input_ids"]) >= keep else good).append(text)
+    w = start_worker(tmp_path, aof_redis.url, (ckpt, hf), name="poisoned")
+    api, url = start_api(tmp_path, aof_redis.url)
+    assert w.proc is not None
+    children = pool_pids(w.proc.pid)
+    try:
+        # Freeze the pool: two jobs occupy its two processes, the rest wait in the worker's buffer
+        # and go out together as one batch of good and bad texts when the pool thaws.
+        for pid in children:
+            os.kill(pid, signal.SIGSTOP)
+        load = Load(url)
+        load.submit([[t] for t in good[:2]])
+        time.sleep(1)
+        load.submit([[t] for t in good[2:20]] + [[t] for t in bad[:3]])
+        time.sleep(1)
+        for pid in children:
+            os.kill(pid, signal.SIGCONT)
+        t0 = time.monotonic()
+        load.settle(60)
+        observer = ResultObserver(aof_redis.url)
+        s = summarize("poison-text", load, observer, time.monotonic() - t0)
+        assert s["lost"] == 0 and s["succeeded"] == 20 and s["failed"] == 3
+        for job_id, texts in load.texts.items():
+            body = load.bodies[job_id]
+            if texts[0] in bad:
+                assert body["status"] == "failed" and "IndexError" in body["error"], body
+        assert "retrying one by one" in w.output()
+    finally:
+        api.stop()
+        w.stop()
+
+
+def test_crash_retries_are_bounded(env: dict[str, Any]) -> None:
+    """A request whose pool process keeps dying is retried max_retries times, then fails with a reason
+    instead of requeueing forever."""
+    worker(env, "crashy", concurrency=1, TOXFLEET_MAX_RETRIES="1")
+    from celery import Celery
+
+    app = Celery(broker=env["redis"].url, backend=env["redis"].url)
+    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    long_texts = CommentCorpus(12).texts(200)
+    result = app.send_task(contract.SCORE_TASK, args=[long_texts], queue=contract.QUEUE)
+    killed = set()
+    t0 = time.monotonic()
+    for _ in range(2):  # the first attempt and the one retry each lose their process
+        pid = running_batch_pid(env["redis"].url, timeout=60)
+        while pid in killed:
+            time.sleep(0.05)
+            pid = running_batch_pid(env["redis"].url, timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        killed.add(pid)
+        redis.Redis.from_url(env["redis"].url).delete(f"celery-task-meta-{result.id}")
+    with pytest.raises(RuntimeError, match="gave up after 2 attempts"):
+        result.get(timeout=60)
+    print(f"\nFAULT crash-retries: attempts=2 failed_with_reason=1 seconds={time.monotonic() - t0:.1f}")
