@@ -13,7 +13,6 @@ import importlib.metadata as md
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,14 @@ from typing import Any
 
 import pytest
 import redis
-from deployfiles import (
+from packaging.requirements import Requirement
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tests.conftest import free_port
+from tests.deployfiles import (
     ECS_DIR,
     ROOT,
     SCALING_POLICIES,
@@ -43,12 +49,6 @@ from deployfiles import (
     placeholders,
     required_variables,
 )
-from packaging.requirements import Requirement
-from pydantic import AliasChoices
-from pydantic_settings import BaseSettings
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from worker import synthetic
 from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint
 from worker.settings import WorkerSettings
@@ -68,7 +68,7 @@ IMAGES: dict[str, tuple[Dockerfile, Stage]] = {
 }
 EXPECTED_PORTS = {"api": 8000, "flower": 5555}
 INFERENCE_PACKAGES = ("torch", "detoxify", "transformers")
-SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "AUTH")
+SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "AUTH", "KEY")
 STOP_TIMEOUT_MAX = 120
 """Fargate's ceiling for stopTimeout; the worker's warm shutdown must fit inside it."""
 
@@ -146,13 +146,6 @@ def accepted_env_names(settings: type[BaseSettings]) -> set[str]:
 
 def looks_like_setting(name: str) -> bool:
     return name.startswith("TOXFLEET_") or name == "REDIS_URL"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # ---- Dockerfiles -----------------------------------------------------------------------------
@@ -633,6 +626,8 @@ def test_task_definitions_hold_no_secrets(name: str) -> None:
         assert value.startswith(("arn:aws:ssm:", "arn:aws:secretsmanager:")), value
     if name == "flower":
         assert "FLOWER_BASIC_AUTH" in secrets
+    if name == "api":  # public behind the load balancer: bearer keys on
+        assert "TOXFLEET_API_KEYS" in secrets
 
 
 def test_placeholders_are_the_documented_ones() -> None:
