@@ -125,6 +125,19 @@ def parse_dockerfile(path: Path) -> Dockerfile:
     return Dockerfile(path, global_args, stages)
 
 
+def shell_commands(script: str) -> list[list[str]]:
+    """The simple commands of a RUN line, split at `&&`, `||`, `;` and `|` (quotes respected)."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token in ("&&", "||", ";", "|"):
+            commands.append([])
+        elif commands[-1] or token not in ("if", "then", "else", "elif", "fi", "do", "done", "!"):
+            commands[-1].append(token)  # keywords that open a compound are not part of its commands
+    return [c for c in commands if c]
+
+
 def exec_form(args: str) -> list[str]:
     """A JSON-array (exec form) argument list; anything else is an error, not a guess."""
     value = json.loads(args)

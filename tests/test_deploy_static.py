@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import importlib.metadata as md
+import os
 import re
 import shlex
 import shutil
@@ -48,6 +49,7 @@ from tests.deployfiles import (
     parse_healthcheck,
     placeholders,
     required_variables,
+    shell_commands,
 )
 from worker import synthetic
 from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint
@@ -93,19 +95,8 @@ def cmd(name: str) -> list[str]:
 
 def pip_installs(dockerfile: Dockerfile, stage: Stage) -> list[list[str]]:
     """The argument lists of every `pip install` a stage (and its parents) runs."""
-    found = []
-    for instr in dockerfile.effective(stage, "RUN"):
-        lexer = shlex.shlex(instr.args, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        command: list[str] = []
-        for token in [*lexer, ";"]:
-            if token in ("&&", "||", ";", "|"):
-                if command[:2] == ["pip", "install"]:
-                    found.append(command[2:])
-                command = []
-            else:
-                command.append(token)
-    return found
+    return [command[2:] for instr in dockerfile.effective(stage, "RUN") for command in shell_commands(instr.args)
+            if command[:2] == ["pip", "install"]]
 
 
 def run_script_command(program: str) -> list[str]:
@@ -258,25 +249,86 @@ def test_api_and_flower_extras_never_pull_torch(extra: str) -> None:
     assert {"celery", "pydantic-settings"} <= pulled  # the walk did reach the dependencies
 
 
+def _run_steps(dockerfile: Dockerfile, stage: str) -> list[str]:
+    return [i.args for i in dockerfile.stage(stage).instructions if i.keyword == "RUN"]
+
+
+def _step_index(dockerfile: Dockerfile, stage: str, keyword: str, marker: str) -> int:
+    instructions = dockerfile.stage(stage).instructions
+    return next(n for n, i in enumerate(instructions) if i.keyword == keyword and marker in i.args)
+
+
 def test_worker_torch_comes_from_the_cpu_index_first() -> None:
-    """torch is installed from the CPU wheel index, at pyproject's pinned version, before `.[worker]`."""
+    """torch is installed from the CPU wheel index, at pyproject's pinned version, before the worker's
+    other dependencies; the project itself is installed without re-resolving them."""
     build = WORKER_FILE.stage("build")
     installs = pip_installs(WORKER_FILE, build)
     (pin,) = [r for r in PYPROJECT["project"]["optional-dependencies"]["worker"] if r.startswith("torch")]
-    torch_at = next(i for i, args in enumerate(installs) if f'{pin}' in args)
-    worker_at = next(i for i, args in enumerate(installs) if ".[worker]" in args)
-    assert torch_at < worker_at
-    args = installs[torch_at]
-    assert args[args.index("--index-url") + 1] == "${TORCH_INDEX_URL}"
+    assert installs[0] == ["--index-url", "${TORCH_INDEX_URL}", pin]
     assert WORKER_FILE.args(build)["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert installs[1:] == [["-r", "/tmp/requirements.txt"], ["--no-deps", "."]]
     assert not any("nvidia" in " ".join(a).lower() or "cu1" in " ".join(a) for a in installs)
 
 
+def test_worker_requirements_are_pyprojects(tmp_path: Path) -> None:
+    """The build's requirements list, generated from pyproject.toml by its own one-liner, is exactly
+    the base dependencies plus the `worker` extra."""
+    (step,) = [r for r in _run_steps(WORKER_FILE, "build") if "/tmp/requirements.txt" in r]
+    generate = shell_commands(step.split(" > /tmp/requirements.txt")[0])[0]
+    assert generate[:2] == ["python", "-c"]
+    result = subprocess.run([sys.executable, "-c", generate[2]], cwd=ROOT, capture_output=True, text=True,
+                            timeout=30, check=True)
+    project = PYPROJECT["project"]
+    assert result.stdout.splitlines() == project["dependencies"] + project["optional-dependencies"]["worker"]
+
+
 def test_worker_build_fails_if_cuda_creeps_in() -> None:
-    """The `.[worker]` install step is followed by a check that torch has no CUDA and no nvidia-* wheels."""
-    steps = [i.args for i in WORKER_FILE.stage("build").instructions if i.keyword == "RUN" and ".[worker]" in i.args]
-    assert len(steps) == 1
-    assert "torch.version.cuda" in steps[0] and "startswith('nvidia')" in steps[0] and "sys.exit(" in steps[0]
+    """The dependency install step is followed by a check that torch has no CUDA and no nvidia-* wheels."""
+    (step,) = [r for r in _run_steps(WORKER_FILE, "build") if "pip install -r /tmp/requirements.txt" in r]
+    assert "torch.version.cuda" in step and "startswith('nvidia')" in step and "sys.exit(" in step
+
+
+def test_worker_model_download_survives_source_changes() -> None:
+    """The model is downloaded before any project source is copied, so code changes reuse that layer."""
+    fetch = _step_index(WORKER_FILE, "build", "RUN", "Detoxify(")
+    for source in ("toxfleet/", "worker/", "api/"):
+        assert fetch < _step_index(WORKER_FILE, "build", "COPY", source)
+    assert _step_index(WORKER_FILE, "build", "COPY", "pyproject.toml") < fetch
+
+
+def _python_step(dockerfile: Dockerfile, stage: str, marker: str) -> tuple[dict[str, str], list[str]]:
+    """The `[VAR=value ...] python -c ...` command of a RUN step containing `marker`, as (env, argv)."""
+    for instr in dockerfile.stage(stage).instructions:
+        for command in shell_commands(instr.args) if instr.keyword == "RUN" else []:
+            if any(marker in word for word in command):
+                n = 0  # leading VAR=value assignments
+                while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", command[n]):
+                    n += 1
+                env = dict(w.partition("=")[::2] for w in command[:n])
+                argv = [w for w in command[n:] if w != "-P"]  # -P: the installed package, not ./worker
+                assert argv[:2] == ["python", "-c"], command
+                return env, argv
+    raise AssertionError(f"no python step with {marker!r} in stage {stage}")
+
+
+def test_api_build_guard_rejects_an_environment_with_torch() -> None:
+    """The API build's no-inference-stack check, run here (where torch is installed), fails the build."""
+    _, argv = _python_step(API_FILE, "build-api", "find_spec")
+    result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "must not contain ['torch'" in result.stderr
+
+
+def test_offline_model_check_fails_the_build_without_weights(tmp_path: Path) -> None:
+    """The build's offline re-load, run against an empty model cache, stops with the worker's own
+    'no weights' message instead of passing (so a fetch that left the cache incomplete fails the build)."""
+    env_vars, argv = _python_step(WORKER_FILE, "build", "check_weights(s)")
+    assert env_vars == {"HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOXFLEET_", "HF_", "TORCH_"))}
+    env.update(env_vars, TORCH_HOME=str(tmp_path / "torch"), HF_HOME=str(tmp_path / "hf"),
+               TOXFLEET_MODEL=WORKER_FILE.global_args["TOXFLEET_MODEL"])
+    result = subprocess.run([sys.executable, *argv[1:]], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0 and "no weights for 'unbiased-small'" in result.stderr
 
 
 def test_worker_model_is_fetched_at_build_time_and_read_offline() -> None:
@@ -288,10 +340,13 @@ def test_worker_model_is_fetched_at_build_time_and_read_offline() -> None:
         assert build_env[var].startswith("/opt/toxfleet/") and runtime_env[var] == build_env[var]
     assert runtime_env["HF_HUB_OFFLINE"] == "1"
     assert "HF_HUB_OFFLINE" not in build_env  # the online fetch must be allowed to download
-    (fetch,) = [i.args for i in build.instructions if i.keyword == "RUN" and "Detoxify(" in i.args]
-    assert "Detoxify(os.environ['TOXFLEET_MODEL'])" in fetch
-    assert 'if [ "$PREFETCH_MODEL" = "1" ]' in fetch and WORKER_FILE.args(build)["PREFETCH_MODEL"] == "1"
-    assert "HF_HUB_OFFLINE=1 python -c" in fetch and "check_weights(s)" in fetch and "load_detoxify(s)" in fetch
+    assert WORKER_FILE.args(build)["PREFETCH_MODEL"] == "1"
+    (fetch,) = [r for r in _run_steps(WORKER_FILE, "build") if "Detoxify(" in r]
+    assert "Detoxify(os.environ['TOXFLEET_MODEL'])" in fetch and 'if [ "$PREFETCH_MODEL" = "1" ]' in fetch
+    (verify,) = [r for r in _run_steps(WORKER_FILE, "build") if "check_weights(s)" in r]
+    assert 'if [ "$PREFETCH_MODEL" = "1" ]' in verify and "load_detoxify(s)" in verify
+    assert _step_index(WORKER_FILE, "build", "RUN", "Detoxify(") < _step_index(WORKER_FILE, "build", "RUN",
+                                                                                "check_weights(s)")
     copies = [i.args for i in runtime.instructions if i.keyword == "COPY"]
     assert "--from=build /opt/toxfleet /opt/toxfleet" in copies
 
