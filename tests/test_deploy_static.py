@@ -52,7 +52,6 @@ from tests.deployfiles import (
     shell_commands,
 )
 from worker import synthetic
-from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint
 from worker.settings import WorkerSettings
 
 API_FILE = parse_dockerfile(ROOT / "Dockerfile.api")
@@ -353,6 +352,8 @@ def test_worker_model_is_fetched_at_build_time_and_read_offline() -> None:
 
 def test_worker_looks_for_weights_where_the_build_put_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the image's TORCH_HOME, the worker's startup check looks under it (torch.hub's layout)."""
+    from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint  # here: it connects Celery signal handlers
+
     torch_home = WORKER_FILE.env(IMAGES["worker"][1])["TORCH_HOME"]
     monkeypatch.setenv("TORCH_HOME", torch_home)
     path = _torch_hub_checkpoint(DETOXIFY_URLS["unbiased-small"])
