@@ -1,0 +1,107 @@
+"""The images' commands and health probes, run for real outside Docker: each service is started
+with its Dockerfile CMD (only ports and the listen address changed, to stay private on a shared
+machine) and probed with its HEALTHCHECK command, which must pass while it is up and fail once it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import Proc, RedisServer, base_env, free_port, wait_for
+from tests.deployfiles import ROOT, exec_form, parse_dockerfile, parse_healthcheck
+
+pytestmark = pytest.mark.slow
+
+API_FILE = parse_dockerfile(ROOT / "Dockerfile.api")
+WORKER_FILE = parse_dockerfile(ROOT / "Dockerfile.worker")
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def image_commands(dockerfile_stage: tuple[str, str]) -> tuple[list[str], list[str]]:
+    """(CMD, HEALTHCHECK argv) of one image stage."""
+    name, stage_name = dockerfile_stage
+    dockerfile = API_FILE if name == "api" else WORKER_FILE
+    stage = dockerfile.stage(stage_name)
+    cmd, check = dockerfile.last(stage, "CMD"), dockerfile.last(stage, "HEALTHCHECK")
+    assert cmd is not None and check is not None
+    return exec_form(cmd.args), parse_healthcheck(check).argv
+
+
+def env_for(redis_url: str, **extra: str) -> dict[str, str]:
+    """The test environment with this virtualenv first on PATH, as /opt/venv/bin is in the images."""
+    env = base_env(redis_url, None, **extra)
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def probe(argv: list[str], env: dict[str, str]) -> int:
+    return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, timeout=60).returncode
+
+
+def on_port(argv: list[str], old: str, new: str) -> list[str]:
+    """argv with a port number and the all-interfaces address replaced (the probe uses the same port)."""
+    return [a.replace(old, new).replace("0.0.0.0", "127.0.0.1") for a in argv]
+
+
+def test_worker_probe_follows_its_own_worker(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path],
+                                             tmp_path: Path) -> None:
+    """The worker's HEALTHCHECK passes against the worker its CMD starts (node worker@<hostname>),
+    and fails after SIGTERM's warm shutdown, which exits 0."""
+    cmd, check = image_commands(("worker", "runtime"))
+    ckpt, hf = tiny_checkpoint
+    env = env_for(redis_server.url, TOXFLEET_CHECKPOINT=str(ckpt), TOXFLEET_HF_CONFIG=str(hf), TOXFLEET_CONCURRENCY="1")
+    worker = Proc("image-worker", cmd, env, tmp_path / "worker.log").start()
+    try:
+        client = redis.Redis.from_url(redis_server.url)
+        node = f"worker@{socket.gethostname()}"
+        wait_for(lambda: worker.alive() and client.zscore("toxfleet:workers", node) is not None, 90, node,
+                 interval=0.2)
+        assert probe(check, env) == 0, worker.output()[-2000:]
+        worker.signal(signal.SIGTERM)
+        assert worker.proc is not None and worker.proc.wait(60) == 0
+        assert probe(check, env) != 0
+    finally:
+        worker.stop()
+
+
+def test_api_probe_follows_the_api(redis_server: RedisServer, tmp_path: Path) -> None:
+    """The API's HEALTHCHECK passes against `uvicorn api.main:app` as its CMD starts it, and fails once it stops."""
+    cmd, check = image_commands(("api", "api"))
+    port = str(free_port())
+    env = env_for(redis_server.url)
+    api = Proc("image-api", on_port(cmd, "8000", port), env, tmp_path / "api.log").start()
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, 30, "uvicorn")
+        assert probe(on_port(check, "8000", port), env) == 0
+        api.stop()
+        assert probe(on_port(check, "8000", port), env) != 0
+    finally:
+        api.stop()
+
+
+def test_flower_probe_needs_no_login_but_flower_does(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Flower as its CMD starts it: FLOWER_BASIC_AUTH guards the UI, and the HEALTHCHECK passes without it."""
+    cmd, check = image_commands(("api", "flower"))
+    port = str(free_port())
+    env = env_for(redis_server.url, FLOWER_BASIC_AUTH="ops:correct-horse")
+    flower = Proc("image-flower", on_port(cmd, "5555", port), env, tmp_path / "flower.log").start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(base + "/healthcheck", timeout=1).status_code == 200, 30, "flower")
+        assert probe(on_port(check, "5555", port), env) == 0
+        assert httpx.get(base + "/", timeout=5).status_code == 401
+        assert httpx.get(base + "/", auth=("ops", "wrong"), timeout=5).status_code == 401
+        assert httpx.get(base + "/", auth=("ops", "correct-horse"), timeout=5).status_code == 200
+        flower.stop()
+        assert probe(on_port(check, "5555", port), env) != 0
+    finally:
+        flower.stop()
