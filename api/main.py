@@ -36,12 +36,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install(app)
     bodylimit.install(app, settings.max_body_bytes)
-    app.include_router(jobs.router)
-    app.include_router(compat.router)
-    app.include_router(health.router)
+    routers = [jobs.router, compat.router, health.router] + ([metrics.router] if settings.metrics_enabled else [])
+    for router in routers:
+        app.include_router(router)
     if settings.metrics_enabled:
-        app.include_router(metrics.router)
-        app.add_middleware(MetricsMiddleware, routes=app.router.routes)  # outermost: added last
+        # Added last, so outermost: it also counts requests refused before routing (413).
+        app.add_middleware(MetricsMiddleware, routes=[r for router in routers for r in router.routes])
     return app
 
 

@@ -53,7 +53,8 @@ def fleet(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path], session
     port = free_port()
     worker = start_worker(session_tmp, url, tiny_checkpoint, name="obs", TOXFLEET_METRICS_PORT=str(port),
                           TOXFLEET_LOG_FORMAT="json")
-    api, api_url = start_api(session_tmp, url, name="obs-api", TOXFLEET_LOG_FORMAT="json")
+    api, api_url = start_api(session_tmp, url, name="obs-api", TOXFLEET_LOG_FORMAT="json",
+                             TOXFLEET_MAX_BODY_BYTES=str(64 * 1024))
     wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200, 20, "worker metrics")
     yield {"url": api_url, "worker_metrics": f"http://127.0.0.1:{port}/metrics", "worker": worker, "api": api,
            "redis_url": url}
@@ -130,6 +131,7 @@ def test_api_metrics_count_requests_by_route_template(fleet: dict[str, Any]) -> 
         assert c.get("/v1/jobs/" + "0" * 32).status_code == 404
         assert c.get("/no/such/path").status_code == 404
         assert c.post("/v1/jobs", json={"texts": []}).status_code == 422
+        assert c.post("/v1/jobs", json={"texts": ["x" * 1000] * 100}).status_code == 413  # refused before routing
     after = scrape(url + "/metrics")
 
     def d(name: str, **labels: str) -> float:
@@ -138,6 +140,7 @@ def test_api_metrics_count_requests_by_route_template(fleet: dict[str, Any]) -> 
     job = "/v1/jobs/{job_id}"
     assert d("toxfleet_http_requests_total", route="/v1/jobs", method="POST", status="202") == 2
     assert d("toxfleet_http_requests_total", route="/v1/jobs", method="POST", status="422") == 1
+    assert d("toxfleet_http_requests_total", route="/v1/jobs", method="POST", status="413") == 1
     assert d("toxfleet_http_requests_total", route=job, method="GET", status="200") == 3
     assert d("toxfleet_http_requests_total", route=job, method="GET", status="404") == 1
     assert d("toxfleet_http_requests_total", route="unmatched", method="GET", status="404") == 1
@@ -255,10 +258,20 @@ def test_metrics_answer_while_redis_is_down(session_tmp: Path) -> None:
     assert value(samples, "toxfleet_queue_depth") != value(samples, "toxfleet_queue_depth")  # NaN
 
 
-def test_metrics_can_be_switched_off(redis_server: RedisServer, session_tmp: Path) -> None:
-    """TOXFLEET_METRICS_ENABLED=false removes /metrics (404)."""
-    api, url = start_api(session_tmp, redis_db(redis_server, 5), name="obs-off-api", TOXFLEET_METRICS_ENABLED="false")
+def test_metrics_stay_open_with_api_keys_and_can_be_switched_off(redis_server: RedisServer,
+                                                                  session_tmp: Path) -> None:
+    """With API keys on, /metrics answers without a key (a scraper has none) while jobs need one;
+    TOXFLEET_METRICS_ENABLED=false removes /metrics (404)."""
+    url = redis_db(redis_server, 5)
+    api, base = start_api(session_tmp, url, name="obs-keys-api", TOXFLEET_API_KEYS="k" * 20)
     try:
-        assert httpx.get(url + "/metrics", timeout=5).status_code == 404
+        assert httpx.post(base + "/v1/jobs", json={"texts": ["x"]}, timeout=5).status_code == 401
+        samples = scrape(base + "/metrics")
+        assert value(samples, "toxfleet_http_requests_total", route="/v1/jobs", method="POST", status="401") == 1
+    finally:
+        api.stop()
+    api, base = start_api(session_tmp, url, name="obs-off-api", TOXFLEET_METRICS_ENABLED="false")
+    try:
+        assert httpx.get(base + "/metrics", timeout=5).status_code == 404
     finally:
         api.stop()
