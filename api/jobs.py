@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,9 +22,10 @@ from celery import Celery
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
+from api import metrics
 from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, QueueFull
 from api.settings import ApiSettings
-from toxfleet import contract
+from toxfleet import contract, logs
 from toxfleet.celeryconf import celery_config
 
 JOB_KEY_PREFIX = "toxfleet:job:"
@@ -33,6 +35,8 @@ IDEMPOTENCY_KEY_PREFIX = "toxfleet:idem:"
 """Redis key prefix of Idempotency-Key records (the client's key is stored hashed)."""
 
 _FINAL = {"SUCCESS", "FAILURE"}
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class JobService:
                 raise QueueFull(f"queue is full ({depth} messages waiting); retry later")
             manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time()})
             await self._redis.set(manifest_key, manifest, ex=self._settings.result_expires)
+            logs.bind_job(job_id)
             if idem_key:
                 record = json.dumps({"job_id": job_id, "fingerprint": fingerprint})
                 # The manifest exists before the key does, so whoever reads the key finds the job.
@@ -116,6 +121,9 @@ class JobService:
             with contextlib.suppress(RedisError):
                 await self._redis.delete(manifest_key, *([idem_key] if idem_key else []))
             raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
+        metrics.count_submitted(len(texts), len(chunks))
+        logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
+                    extra={"texts": len(texts), "messages": len(chunks)})
         return job_id, True
 
     @staticmethod
@@ -126,6 +134,8 @@ class JobService:
         if earlier["fingerprint"] != fingerprint:
             raise IdempotencyMismatch("Idempotency-Key was already used with a different request body")
         job_id: str = earlier["job_id"]
+        logs.bind_job(job_id)
+        logger.info("job %s replayed for a repeated Idempotency-Key", job_id)
         return job_id
 
     async def incr_window(self, key: str) -> int:
@@ -137,10 +147,11 @@ class JobService:
         return int(count)
 
     def _send(self, job_id: str, chunks: list[list[str]]) -> None:
+        headers = {contract.SENT_AT_HEADER: time.time()}  # workers measure queue wait from it
         with self._celery.producer_or_acquire() as producer:
             for i, texts in enumerate(chunks):
                 self._celery.send_task(contract.SCORE_TASK, args=[texts], task_id=contract.chunk_task_id(job_id, i),
-                                       producer=producer)
+                                       producer=producer, headers=headers)
 
     # -- read -------------------------------------------------------------------------------------
 
@@ -169,14 +180,21 @@ class JobService:
 
     async def get(self, job_id: str, wait: float = 0.0) -> JobView:
         """The job now, or once finished if that happens within `wait` seconds."""
+        logs.bind_job(job_id)
         try:
             sizes = await self._manifest(job_id)
             keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(sizes))]
             if wait <= 0:
-                return self._view(job_id, sizes, await self._metas(keys))
-            return await self._wait(job_id, sizes, keys, wait)
+                view = self._view(job_id, sizes, await self._metas(keys))
+            else:
+                view = await self._wait(job_id, sizes, keys, wait)
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        if view.finished:
+            # Logged on each read of a finished job: the API learns that a job finished only when asked.
+            fields = {"status": view.status, "texts": view.total, **({"error": view.error} if view.error else {})}
+            logger.info("job %s %s: texts=%d", job_id, view.status, view.total, extra=fields)
+        return view
 
     async def _metas(self, keys: list[bytes]) -> list[dict[str, Any] | None]:
         return [json.loads(v) if v is not None else None for v in await self._redis.mget(keys)]
@@ -200,6 +218,15 @@ class JobService:
     async def queue_depth(self) -> int:
         depth: int = await self._redis.llen(contract.QUEUE)
         return depth
+
+    async def queue_stats(self) -> tuple[int, int, int]:
+        """Messages waiting, messages delivered but unacknowledged, and answering workers (one round trip)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.llen(contract.QUEUE)
+            pipe.hlen(contract.UNACKED_KEY)
+            pipe.zcount(contract.WORKERS_KEY, time.time() - contract.HEARTBEAT_STALE_SECONDS, "+inf")
+            depth, unacked, workers = await pipe.execute()
+        return int(depth), int(unacked), int(workers)
 
     async def workers(self) -> list[dict[str, Any]]:
         """Workers whose heartbeat is recent, with what they run."""

@@ -9,12 +9,18 @@ from fastapi import FastAPI
 
 from api import bodylimit, errors
 from api.jobs import make_service
-from api.routes import compat, health, jobs
+from api.metrics import MetricsMiddleware
+from api.routes import compat, health, jobs, metrics
 from api.settings import ApiSettings, get_settings
+from toxfleet import logs
+
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+"""Loggers uvicorn configures itself (before it imports the app); JSON mode reformats their handlers."""
 
 
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    logs.configure(settings.log_format, json_loggers=UVICORN_LOGGERS)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -30,9 +36,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install(app)
     bodylimit.install(app, settings.max_body_bytes)
-    app.include_router(jobs.router)
-    app.include_router(compat.router)
-    app.include_router(health.router)
+    routers = [jobs.router, compat.router, health.router] + ([metrics.router] if settings.metrics_enabled else [])
+    for router in routers:
+        app.include_router(router)
+    if settings.metrics_enabled:
+        # Added last, so outermost: it also counts requests refused before routing (413).
+        app.add_middleware(MetricsMiddleware, routes=[r for router in routers for r in router.routes])
     return app
 
 

@@ -7,7 +7,7 @@ documentation, and the README's table mirrors it.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +43,10 @@ class ApiSettings(BaseSettings):
                             description="Requests per second per API key (0: unlimited); 429 above it.")
     idempotency_ttl: int = Field(86_400, ge=60, le=30 * 86_400,
                                  description="Seconds an Idempotency-Key is remembered.")
+    metrics_enabled: bool = Field(True, description="Serve Prometheus metrics at `GET /metrics` (never behind an "
+                                  "API key: keep the path off the public load balancer).")
+    log_format: Literal["json", "text"] = Field("text", description="`json`: one JSON object per log line, "
+                                                "with the job id (set in the Docker images); `text`: for people.")
 
     @property
     def api_key_list(self) -> list[str]:

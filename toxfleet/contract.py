@@ -9,6 +9,8 @@ Task `toxfleet.score`
     result: a list, one `{label: probability}` dict per text, in input order.
     The stored result meta also carries `model` (the identity of the model that scored it), which
     `AsyncResult.get()` ignores and the API reports.
+    headers: optional `toxfleet_sent_at` (`SENT_AT_HEADER`), the unix time the API published the
+    message, from which workers measure queue wait; callers that omit it are scored all the same.
 """
 
 from __future__ import annotations
@@ -66,6 +68,21 @@ def chunk(texts: list[str], max_tokens: int = CHUNK_TOKENS, max_texts: int = CHU
 def chunk_task_id(job_id: str, index: int) -> str:
     """Celery task id of a job's `index`-th chunk; derived, so the API needs no lookup table."""
     return f"{job_id}.{index}"
+
+
+def job_of(task_id: str) -> str:
+    """The job a task id belongs to: the inverse of `chunk_task_id`; a task sent directly to Celery
+    (no job) is its own job."""
+    job_id, dot, index = task_id.rpartition(".")
+    return job_id if dot and index.isdigit() else task_id
+
+
+SENT_AT_HEADER = "toxfleet_sent_at"
+"""Message header: unix time (float seconds) at which the API published the task message."""
+
+UNACKED_KEY = "unacked"
+"""Redis hash in which kombu keeps messages delivered to a worker and not yet acknowledged (kombu's
+default `unacked_key`): with late acks, every message a worker has buffered or is scoring."""
 
 
 WORKERS_KEY = "toxfleet:workers"

@@ -35,6 +35,8 @@ from celery.worker.state import task_accepted, task_ready, task_reserved
 from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
 from kombu.utils.uuid import uuid
 
+from toxfleet.contract import SENT_AT_HEADER
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_TOKENS = 2048
@@ -52,7 +54,8 @@ def _run_in_pool(task: BatchTask, batch_id: str, requests: list[dict[str, Any]])
 class BatchTask(Task):  # type: ignore[misc]
     """Subclass and implement `run_batch(batch_id, requests) -> outcomes` (list in, list out).
 
-    Each request is `{"id", "args", "kwargs", "retries"}`; each outcome is
+    Each request is `{"id", "args", "kwargs", "retries", "sent_at"}` (`sent_at`: the publisher's
+    `SENT_AT_HEADER`, or None); each outcome is
     `{"state": "SUCCESS" | "FAILURE" | "SKIPPED", "error": str | None}` after the subclass has stored
     the request's result itself. `cost(args, kwargs)` estimates a request's tokens.
     """
@@ -139,8 +142,8 @@ class BatchTask(Task):  # type: ignore[misc]
 
     def _dispatch(self, batch: list[Request]) -> None:
         batch_id = uuid()[:12]
-        payload = [{"id": r.id, "args": r.args, "kwargs": r.kwargs, "retries": r.request_dict.get("retries", 0)}
-                   for r in batch]
+        payload = [{"id": r.id, "args": r.args, "kwargs": r.kwargs, "retries": r.request_dict.get("retries", 0),
+                    "sent_at": r.request_dict.get(SENT_AT_HEADER)} for r in batch]
         self._in_flight.add(batch_id)
 
         def on_accepted(pid: int, time_accepted: float) -> None:
@@ -159,7 +162,8 @@ class BatchTask(Task):  # type: ignore[misc]
         def on_error(einfo: ExceptionInfo) -> None:
             self._in_flight.discard(batch_id)
             reason = f"worker process lost while scoring: {einfo.exception!r}"
-            logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason)
+            logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason,
+                         extra={"batch_id": batch_id, "task_ids": [r.id for r in batch]})
             for r in batch:
                 self._retry_or_fail(r, reason)
             self._flush()
@@ -191,5 +195,6 @@ class BatchTask(Task):  # type: ignore[misc]
         except Exception:
             # Broker or backend unreachable: leave the message unacked; Redis redelivers it after the
             # visibility timeout, so it is delayed, not lost.
-            logger.exception("could not re-publish or fail request %s; leaving it for redelivery", req.id)
+            logger.exception("could not re-publish or fail request %s; leaving it for redelivery", req.id,
+                             extra={"task_id": req.id})
         task_ready(req)

@@ -14,7 +14,7 @@ from worker.settings import get_settings
 _settings = get_settings()
 
 app = Celery("toxfleet", broker=_settings.redis_url, backend=_settings.redis_url,
-             include=["worker.tasks", "worker.lifecycle"])
+             include=["worker.tasks", "worker.lifecycle", "worker.metrics"])
 app.conf.update(
     celery_config(visibility_timeout=_settings.visibility_timeout, result_expires=_settings.result_expires),
     # Results are written per request by the batch itself; late acks come after that write.

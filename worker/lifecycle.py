@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import signals
 
-from toxfleet import contract
+from toxfleet import contract, logs
 from worker.settings import WorkerSettings, get_settings
 
 if TYPE_CHECKING:
@@ -107,6 +107,24 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     check_weights(settings)
     score.batch_tokens = settings.batch_tokens
     score.max_retries = settings.max_retries
+
+
+@signals.celeryd_init.connect
+def _on_celeryd_init(instance: Any = None, **_: Any) -> None:
+    if get_settings().log_format == "json" and instance is not None:
+        # Every line JSON: no start-up banner, and warnings (such as Celery's about running as root,
+        # issued before Celery sets up logging) go through logging, in JSON, too.
+        instance.quiet = True
+        logs.configure("json")
+        logging.captureWarnings(True)
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _on_setup_logger(logger: logging.Logger | None = None, **_: Any) -> None:
+    # Celery configured its handlers (pool processes inherit them): switch them to JSON lines.
+    if get_settings().log_format == "json" and logger is not None:
+        logs.use_json([logger.name])
 
 
 @signals.worker_process_init.connect

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,6 +47,10 @@ class WorkerSettings(BaseSettings):
                              description="Re-deliveries after a worker process died mid-batch, before failing.")
     max_texts: int = Field(contract.MAX_TEXTS_PER_JOB, ge=1, le=100_000, description="Most texts per task.")
     max_text_chars: int = Field(contract.MAX_TEXT_CHARS, ge=1, le=1_000_000, description="Most characters per text.")
+    metrics_port: int = Field(9808, ge=0, le=65535,
+                              description="Port of the worker's Prometheus endpoint (all its processes); 0: none.")
+    log_format: Literal["json", "text"] = Field("text", description="`json`: one JSON object per log line, "
+                                                "with the job ids (set in the Docker images); `text`: Celery's.")
 
     @model_validator(mode="after")
     def _check(self) -> Self:

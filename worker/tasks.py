@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from toxfleet import contract
-from worker import lifecycle
+from worker import lifecycle, metrics
 from worker.batching import BatchTask
 from worker.celery_app import app
 from worker.results import FINAL_STATES, Outcome, ResultStore
@@ -53,9 +53,11 @@ class ScoreTask(BatchTask):
 
     def on_worker_lost(self, request: Any, reason: str) -> None:
         ResultStore(self.backend).store([Outcome(request.id, error=RuntimeError(reason))], {})
+        metrics.count_failures("worker_lost")
 
     def run_batch(self, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         started = time.perf_counter()
+        metrics.observe_queue_waits(r.get("sent_at") for r in requests)
         settings = get_settings()
         scorer = lifecycle.scorer()
         store = ResultStore(self.backend)
@@ -73,11 +75,15 @@ class ScoreTask(BatchTask):
             try:
                 texts[req["id"]] = validate(req["args"], req["kwargs"], settings.max_texts, settings.max_text_chars)
             except ValueError as exc:
+                logger.warning("request %s rejected: %s", req["id"], exc, extra={"task_id": req["id"]})
                 failed.append(Outcome(req["id"], error=exc))
         store.mark_started(list(texts), extra)
 
         done = self._score(scorer, texts, batch_id)
         store.store(done + failed, extra)
+        metrics.count_tasks("skipped", len(requests) - len(texts) - len(failed))
+        metrics.count_tasks("succeeded", sum(1 for o in done if o.error is None))
+        metrics.count_failures("invalid", len(failed))
         for o in done + failed:
             outcomes[o.task_id] = {"state": o.state, "error": repr(o.error) if o.error else None,
                                    "summary": f"{len(texts.get(o.task_id, []))} texts"}
@@ -91,19 +97,24 @@ class ScoreTask(BatchTask):
         if not texts:
             return []
         flat = [t for ts in texts.values() for t in ts]
+        fields = {"batch_id": batch_id, "job_ids": sorted({contract.job_of(t) for t in texts})}
         t0 = time.perf_counter()
         try:
             scores, stats = scorer.score(flat)
         except Exception as exc:
             if len(texts) == 1:
-                logger.exception("batch %s: scoring failed", batch_id)
+                logger.exception("batch %s: scoring failed", batch_id, extra=fields)
+                metrics.count_failures("scoring")
                 return [Outcome(next(iter(texts)), error=RuntimeError(f"scoring failed: {exc!r}"))]
             logger.warning("batch %s: scoring %d requests together failed (%r); retrying one by one",
-                           batch_id, len(texts), exc)
+                           batch_id, len(texts), exc, extra=fields)
             return [o for task_id, ts in texts.items() for o in self._score(scorer, {task_id: ts}, batch_id)]
+        seconds = time.perf_counter() - t0
+        metrics.observe_batch(len(texts), stats, seconds)
         logger.info("batch %s: requests=%d texts=%d passes=%d tokens=%d padded=%d seconds=%.3f",
-                    batch_id, len(texts), stats.texts, stats.passes, stats.tokens, stats.padded_tokens,
-                    time.perf_counter() - t0)
+                    batch_id, len(texts), stats.texts, stats.passes, stats.tokens, stats.padded_tokens, seconds,
+                    extra={**fields, "requests": len(texts), "texts": stats.texts, "passes": stats.passes,
+                           "tokens": stats.tokens, "padded_tokens": stats.padded_tokens, "seconds": seconds})
         out: list[Outcome] = []
         offset = 0
         for task_id, ts in texts.items():

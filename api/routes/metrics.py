@@ -1,0 +1,22 @@
+"""`GET /metrics`: Prometheus metrics of this API process, plus the queue read from Redis now."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from redis.exceptions import RedisError
+
+from api import metrics
+from api.deps import JobsDep
+
+router = APIRouter(tags=["monitoring"])
+
+
+@router.get("/metrics", include_in_schema=False)
+async def prometheus_metrics(jobs: JobsDep) -> Response:
+    """Prometheus text format. Open (no API key), like /healthz: block it at the public load balancer."""
+    try:
+        metrics.set_queue(*await jobs.queue_stats())
+    except RedisError:
+        metrics.set_broker_down()
+    body, content_type = metrics.exposition()
+    return Response(body, media_type=content_type)

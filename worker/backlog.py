@@ -1,0 +1,121 @@
+"""The workers' autoscaling signal: backlog per worker task, as CloudWatch metrics on stdout.
+
+    python -m worker.backlog [--interval 60] [--service toxfleet-worker] [--once]
+
+ECS has no metric for a Redis queue, so this publishes one. Every `--interval` seconds it reads, in
+one round trip, the messages waiting in the queue, the messages delivered to workers and not yet
+acknowledged (late acks: buffered or being scored), and the workers whose heartbeat is recent, and
+prints one CloudWatch Embedded Metric Format (EMF) line: the `awslogs` log driver ships it to
+CloudWatch Logs, which extracts the metrics itself, so this needs no AWS SDK and no credentials
+beyond the task's log permissions. No torch, no Celery: Redis only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import redis
+
+from toxfleet import contract, logs
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "toxfleet"
+"""CloudWatch namespace of the metrics."""
+
+DEFAULT_INTERVAL = 60.0
+"""Seconds between two readings (CloudWatch's standard resolution is one minute)."""
+
+DEFAULT_SERVICE = "toxfleet-worker"
+"""Value of the `Service` dimension; the scaling policy's metric must name the same."""
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Task messages not yet finished, and the workers that share them."""
+
+    queued: int
+    unacked: int
+    workers: int
+
+    @property
+    def total(self) -> int:
+        return self.queued + self.unacked
+
+    @property
+    def per_task(self) -> float:
+        # With no worker alive the whole backlog is one task's: scale-out still sees it.
+        return self.total / max(self.workers, 1)
+
+
+def read(client: redis.Redis, now: float | None = None) -> Backlog:
+    now = time.time() if now is None else now
+    with client.pipeline(transaction=False) as pipe:
+        pipe.llen(contract.QUEUE)
+        pipe.hlen(contract.UNACKED_KEY)
+        pipe.zcount(contract.WORKERS_KEY, now - contract.HEARTBEAT_STALE_SECONDS, "+inf")
+        queued, unacked, workers = pipe.execute()
+    return Backlog(int(queued), int(unacked), int(workers))
+
+
+def emf(backlog: Backlog, service: str, timestamp: float) -> dict[str, Any]:
+    """One EMF document: the `_aws` metadata names the metrics, the root members hold the values."""
+    metrics = {"BacklogPerTask": backlog.per_task, "Backlog": backlog.total, "QueueDepth": backlog.queued,
+               "Unacked": backlog.unacked, "Workers": backlog.workers}
+    return {
+        "_aws": {
+            "Timestamp": int(timestamp * 1000),
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["Service"]],
+                "Metrics": [{"Name": name, "Unit": "Count"} for name in metrics],
+            }],
+        },
+        "Service": service,
+        **metrics,
+    }
+
+
+def publish(client: redis.Redis, service: str, out: TextIO) -> Backlog:
+    backlog = read(client)
+    out.write(json.dumps(emf(backlog, service, time.time()), separators=(",", ":")) + "\n")
+    out.flush()
+    return backlog
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.backlog", description=__doc__.split("\n")[0])
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+                        help="broker URL (default: $REDIS_URL)")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds between readings")
+    parser.add_argument("--service", default=DEFAULT_SERVICE, help="value of the Service dimension")
+    parser.add_argument("--once", action="store_true", help="print one reading and exit")
+    args = parser.parse_args(argv)
+    if args.interval <= 0:
+        parser.error("--interval must be positive")
+    logs.configure("json" if os.environ.get("TOXFLEET_LOG_FORMAT") == "json" else "text")
+    client = redis.Redis.from_url(args.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    if args.once:
+        publish(client, args.service, sys.stdout)
+        return 0
+    while True:
+        started = time.monotonic()
+        try:
+            publish(client, args.service, sys.stdout)
+        except redis.RedisError as exc:
+            # No data point rather than a wrong one (a zero would scale the workers in).
+            logger.warning("backlog: cannot read Redis (%r); no data point this time", exc)
+        time.sleep(max(0.0, args.interval - (time.monotonic() - started)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
