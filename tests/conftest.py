@@ -154,7 +154,9 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
     hostname = f"{name}-{os.getpid()}@test"
     proc = Proc(name, [sys.executable, "-m", "celery", "-A", "worker", "worker", "--loglevel=INFO", "--events",
                        "--hostname", hostname, "--concurrency", str(concurrency)],
-                base_env(redis_url, checkpoint, **(env or {})), tmp / f"{name}.log")
+                # Metrics off unless a test asks: several workers would contend for the default port.
+                base_env(redis_url, checkpoint, **{"TOXFLEET_METRICS_PORT": "0", **(env or {})}),
+                tmp / f"{name}.log")
     proc.extra["hostname"] = hostname
     proc.start()
     if wait:

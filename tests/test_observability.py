@@ -51,8 +51,8 @@ def fleet(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path], session
 
     redis.Redis.from_url(url).flushdb()
     port = free_port()
-    worker = start_worker(session_tmp, url, tiny_checkpoint, name="obs", TOXFLEET_METRICS_PORT=str(port),
-                          TOXFLEET_LOG_FORMAT="json")
+    worker = start_worker(session_tmp, url, tiny_checkpoint, name="obs",
+                          env={"TOXFLEET_METRICS_PORT": str(port), "TOXFLEET_LOG_FORMAT": "json"})
     api, api_url = start_api(session_tmp, url, name="obs-api", TOXFLEET_LOG_FORMAT="json",
                              TOXFLEET_MAX_BODY_BYTES=str(64 * 1024))
     wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200, 20, "worker metrics")
