@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -46,6 +47,7 @@ NO_WEIGHTS_HELP = (
 )
 
 _scorer: Scorer | None = None
+_loaded: Any = None  # multiprocessing.Value("i"): model loads completed by this worker's pool processes
 
 
 def scorer() -> Scorer:
@@ -103,8 +105,11 @@ def check_weights(settings: WorkerSettings) -> None:
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     from worker.tasks import score
 
+    global _loaded
     settings = get_settings()
     check_weights(settings)
+    # Shared memory the pool processes (forked later) count their finished model loads into.
+    _loaded = multiprocessing.Value("i", 0)
     score.batch_tokens = settings.batch_tokens
     score.max_retries = settings.max_retries
 
@@ -139,12 +144,18 @@ def _on_process_init(**_: Any) -> None:
         logger.critical("toxfleet worker: cannot load the model: %r; %s", exc, NO_WEIGHTS_HELP)
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(1)
+    if _loaded is not None:
+        with _loaded.get_lock():
+            _loaded.value += 1
     logger.info("pool process %d loaded %s (%s backend) in %.2fs", os.getpid(), _scorer.backend.identity,
                 get_settings().backend, time.perf_counter() - started)
 
 
 class _Heartbeat(threading.Thread):
-    """Keeps `toxfleet:workers` (a sorted set of hostnames by last beat) and a per-worker info key fresh."""
+    """Keeps `toxfleet:workers` (a sorted set of hostnames by last beat) and a per-worker info key fresh.
+
+    It starts beating only once a pool process has loaded the model, so `/readyz` never counts a
+    worker that cannot score yet (Celery itself answers pings before that)."""
 
     def __init__(self, hostname: str, concurrency: int) -> None:
         super().__init__(name="toxfleet-heartbeat", daemon=True)
@@ -153,23 +164,25 @@ class _Heartbeat(threading.Thread):
         settings = get_settings()
         self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._hostname = hostname
-        self._info = json.dumps({"hostname": hostname, "model": settings.model_identity,
-                                 "backend": settings.backend, "concurrency": concurrency,
-                                 "pid": os.getpid(), "host": socket.gethostname()})
+        self._info = {"hostname": hostname, "model": settings.model_identity, "backend": settings.backend,
+                      "concurrency": concurrency, "pid": os.getpid(), "host": socket.gethostname()}
         # Not `_stop`: threading.Thread has a `_stop()` method that fork calls on every thread.
         self._stopping = threading.Event()
 
     def run(self) -> None:
         while not self._stopping.is_set():
-            try:
-                with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.zadd(contract.WORKERS_KEY, {self._hostname: time.time()})
-                    pipe.set(contract.WORKER_INFO_PREFIX + self._hostname, self._info,
-                             ex=int(HEARTBEAT_SECONDS * 3))
-                    pipe.execute()
-            except Exception as exc:  # Redis away: keep trying, the API will call us absent
-                logger.debug("heartbeat failed: %r", exc)
-            self._stopping.wait(HEARTBEAT_SECONDS)
+            loads = _loaded.value if _loaded is not None else 1
+            if loads:
+                info = json.dumps({**self._info, "model_loads": loads})
+                try:
+                    with self._redis.pipeline(transaction=False) as pipe:
+                        pipe.zadd(contract.WORKERS_KEY, {self._hostname: time.time()})
+                        pipe.set(contract.WORKER_INFO_PREFIX + self._hostname, info, ex=int(HEARTBEAT_SECONDS * 3))
+                        pipe.execute()
+                except Exception as exc:  # Redis away: keep trying, the API will call us absent
+                    logger.debug("heartbeat failed: %r", exc)
+            # Beat soon after the first model load, then every HEARTBEAT_SECONDS.
+            self._stopping.wait(HEARTBEAT_SECONDS if loads else 0.2)
 
     def stop(self) -> None:
         self._stopping.set()
