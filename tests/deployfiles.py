@@ -247,6 +247,14 @@ def load_ecs(name: str) -> dict[str, Any]:
     return data
 
 
+def container(task: str, name: str | None = None) -> dict[str, Any]:
+    """One container of an ECS task definition: by default the task's own (named like the task)."""
+    found: list[dict[str, Any]] = [c for c in load_ecs(task)["containerDefinitions"] if c["name"] == (name or task)]
+    if len(found) != 1:
+        raise KeyError(f"deploy/ecs/{task}.json: {len(found)} containers named {name or task!r}")
+    return found[0]
+
+
 def placeholders(text: str) -> set[str]:
     """`${NAME}` placeholders, as `envsubst` fills them."""
     return set(re.findall(r"\$\{(\w+)\}", text))

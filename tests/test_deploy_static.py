@@ -7,9 +7,11 @@ command line on a real redis-server, the ECS JSON against the ECS API's own requ
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import importlib
 import importlib.metadata as md
+import json
 import os
 import re
 import shlex
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from tests.deployfiles import (
     Dockerfile,
     Stage,
     compose_health_argv,
+    container,
     docker_duration,
     environment,
     exec_form,
@@ -51,7 +55,8 @@ from tests.deployfiles import (
     required_variables,
     shell_commands,
 )
-from worker import synthetic
+from toxfleet import contract
+from worker import backlog, synthetic
 from worker.settings import WorkerSettings
 
 API_FILE = parse_dockerfile(ROOT / "Dockerfile.api")
@@ -67,8 +72,11 @@ IMAGES: dict[str, tuple[Dockerfile, Stage]] = {
     "flower": (API_FILE, API_FILE.stage("flower")),
     "worker": (WORKER_FILE, WORKER_FILE.stages[-1]),
 }
-EXPECTED_PORTS = {"api": 8000, "flower": 5555}
+EXPECTED_PORTS = {"api": 8000, "flower": 5555, "worker": 9808}
+"""The port each task's own container maps (the worker's is its Prometheus endpoint)."""
 INFERENCE_PACKAGES = ("torch", "detoxify", "transformers")
+BACKLOG_COMMAND = ["python", "-m", "worker.backlog", "--interval", "60"]
+"""How the deployment runs the backlog publisher: one reading a minute, CloudWatch's standard resolution."""
 SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "AUTH", "KEY")
 STOP_TIMEOUT_MAX = 120
 """Fargate's ceiling for stopTimeout; the worker's warm shutdown must fit inside it."""
@@ -442,8 +450,8 @@ SERVICES = COMPOSE["services"]
 
 
 def test_compose_services() -> None:
-    """Compose runs exactly Redis, the API, the workers and Flower."""
-    assert set(SERVICES) == {"redis", "api", "worker", "flower"}
+    """Compose runs exactly Redis, the API, the workers, Flower and the backlog publisher."""
+    assert set(SERVICES) == {"redis", "api", "worker", "flower", "backlog"}
 
 
 @pytest.mark.parametrize("name", ["redis", "api", "worker", "flower"])
@@ -454,9 +462,9 @@ def test_compose_services_have_healthchecks(name: str) -> None:
     assert docker_duration(check["timeout"]) < docker_duration(check["interval"])
 
 
-@pytest.mark.parametrize("name", ["api", "worker", "flower"])
+@pytest.mark.parametrize("name", ["api", "worker", "flower", "backlog"])
 def test_services_start_after_redis_is_healthy(name: str) -> None:
-    """The API, workers and Flower wait for a healthy Redis."""
+    """The API, workers, Flower and the backlog publisher wait for a healthy Redis."""
     assert SERVICES[name]["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
@@ -466,8 +474,7 @@ def test_compose_health_checks_match_the_images_and_ecs(name: str) -> None:
     dockerfile, stage = IMAGES[name]
     image_argv = parse_healthcheck(dockerfile.last(stage, "HEALTHCHECK")).argv  # type: ignore[arg-type]
     compose_argv = [interpolate(a, {}) for a in compose_health_argv(SERVICES[name]["healthcheck"]["test"])]
-    (container,) = load_ecs(name)["containerDefinitions"]
-    ecs_argv = compose_health_argv(container["healthCheck"]["command"])
+    ecs_argv = compose_health_argv(container(name)["healthCheck"]["command"])
     assert compose_argv == image_argv == ecs_argv
 
 
@@ -491,7 +498,7 @@ def test_redis_is_a_durable_authenticated_broker() -> None:
     assert environment(redis_service)["REDISCLI_AUTH"] == options["requirepass"]  # the probe authenticates
 
 
-@pytest.mark.parametrize("name", ["api", "worker", "flower"])
+@pytest.mark.parametrize("name", ["api", "worker", "flower", "backlog"])
 def test_redis_url_carries_the_password(name: str) -> None:
     """Each client's REDIS_URL is redis://:<REDIS_PASSWORD>@redis:6379/0 and cannot be empty."""
     url = environment(SERVICES[name])["REDIS_URL"]
@@ -507,9 +514,8 @@ def test_worker_is_scalable() -> None:
 
 def test_worker_grace_period_matches_fargate() -> None:
     """The worker gets as long to finish its batches on `docker stop` as on Fargate (120 s)."""
-    (container,) = load_ecs("worker")["containerDefinitions"]
     grace = docker_duration(SERVICES["worker"]["stop_grace_period"])
-    assert grace == container["stopTimeout"] == STOP_TIMEOUT_MAX
+    assert grace == container("worker")["stopTimeout"] == STOP_TIMEOUT_MAX
 
 
 def test_flower_requires_a_login_and_stays_on_loopback() -> None:
@@ -634,56 +640,63 @@ def test_scaling_policies_fit_the_autoscaling_api(name: str) -> None:
 
 @pytest.mark.parametrize("name", TASK_DEFINITIONS)
 def test_task_definitions_are_fargate_tasks_with_logs_and_health(name: str) -> None:
-    """Fargate, awsvpc, a valid CPU/memory pair, awslogs, an ECR image and a health check in range."""
+    """Fargate, awsvpc, a valid CPU/memory pair; every container essential, from ECR, with awslogs
+    under its own stream prefix; the task's own container with a health check in range and its port."""
     task = load_ecs(name)
     assert task["requiresCompatibilities"] == ["FARGATE"] and task["networkMode"] == "awsvpc"
     assert int(task["memory"]) in FARGATE_SIZES[int(task["cpu"])]
-    (container,) = task["containerDefinitions"]
-    assert container["essential"] is True
     registry = "${AWS_ACCOUNT_ID}.dkr.ecr.${AWS_REGION}.amazonaws.com"
-    assert container["image"] == f"{registry}/toxfleet-{name}:${{IMAGE_TAG}}"
-    logs = container["logConfiguration"]
-    assert logs["logDriver"] == "awslogs"
-    assert {"awslogs-group", "awslogs-region", "awslogs-stream-prefix"} <= set(logs["options"])
-    check = container["healthCheck"]
+    prefixes = []
+    for each in task["containerDefinitions"]:
+        assert each["essential"] is True
+        assert re.fullmatch(re.escape(registry) + r"/toxfleet-(api|worker|flower):\$\{IMAGE_TAG\}", each["image"])
+        logs = each["logConfiguration"]
+        assert logs["logDriver"] == "awslogs"
+        assert {"awslogs-group", "awslogs-region", "awslogs-stream-prefix"} <= set(logs["options"])
+        prefixes.append(logs["options"]["awslogs-stream-prefix"])
+        assert each["stopTimeout"] <= STOP_TIMEOUT_MAX
+        assert each["linuxParameters"]["initProcessEnabled"] is True  # SIGTERM reaches the process
+    assert len(set(prefixes)) == len(prefixes)
+    own = container(name)
+    assert own["image"] == f"{registry}/toxfleet-{name}:${{IMAGE_TAG}}"
+    check = own["healthCheck"]
     assert 5 <= check["interval"] <= 300 and 2 <= check["timeout"] <= 60 and check["timeout"] < check["interval"]
     assert 1 <= check["retries"] <= 10 and 0 <= check["startPeriod"] <= 300
-    assert container["stopTimeout"] <= STOP_TIMEOUT_MAX
-    ports = [p["containerPort"] for p in container.get("portMappings", [])]
-    assert ports == ([EXPECTED_PORTS[name]] if name in EXPECTED_PORTS else [])
+    ports = [p["containerPort"] for c in task["containerDefinitions"] for p in c.get("portMappings", [])]
+    assert ports == [EXPECTED_PORTS[name]]
 
 
 @pytest.mark.parametrize("name", TASK_DEFINITIONS)
 def test_task_commands_match_the_images(name: str) -> None:
-    """The command each task definition runs is its image's CMD."""
-    (container,) = load_ecs(name)["containerDefinitions"]
-    assert container["command"] == cmd(name)
+    """The command each task definition's own container runs is its image's CMD."""
+    assert container(name)["command"] == cmd(name)
 
 
 def test_worker_task_is_sized_like_the_users_and_drains_on_stop() -> None:
     """The worker task is 4 vCPU / 8 GB and gets Fargate's full 120 s to finish batches after SIGTERM."""
     task = load_ecs("worker")
     assert (task["cpu"], task["memory"]) == ("4096", "8192")
-    assert task["containerDefinitions"][0]["stopTimeout"] == STOP_TIMEOUT_MAX
+    assert container("worker")["stopTimeout"] == STOP_TIMEOUT_MAX
 
 
 @pytest.mark.parametrize("name", TASK_DEFINITIONS)
 def test_task_definitions_hold_no_secrets(name: str) -> None:
     """Secret-looking variables and the Redis URL (it carries the password) come only from SSM or
-    Secrets Manager references; no plain environment value carries credentials."""
-    (container,) = load_ecs(name)["containerDefinitions"]
-    for var in container.get("environment", []):
-        assert not any(word in var["name"].upper() for word in SECRET_WORDS), var
-        assert not re.search(r"://[^/\s]*:[^/\s]*@", var["value"]), var
-        assert var["name"] != "REDIS_URL"
-    secrets = {s["name"]: s["valueFrom"] for s in container["secrets"]}
-    assert "REDIS_URL" in secrets
-    for value in secrets.values():
-        assert value.startswith(("arn:aws:ssm:", "arn:aws:secretsmanager:")), value
+    Secrets Manager references, in every container; no plain environment value carries credentials."""
+    for each in load_ecs(name)["containerDefinitions"]:
+        for var in each.get("environment", []):
+            assert not any(word in var["name"].upper() for word in SECRET_WORDS), var
+            assert not re.search(r"://[^/\s]*:[^/\s]*@", var["value"]), var
+            assert var["name"] != "REDIS_URL"
+        secrets = {s["name"]: s["valueFrom"] for s in each["secrets"]}
+        assert "REDIS_URL" in secrets
+        for value in secrets.values():
+            assert value.startswith(("arn:aws:ssm:", "arn:aws:secretsmanager:")), value
+    own = {s["name"] for s in container(name)["secrets"]}
     if name == "flower":
-        assert "FLOWER_BASIC_AUTH" in secrets
+        assert "FLOWER_BASIC_AUTH" in own
     if name == "api":  # public behind the load balancer: bearer keys on
-        assert "TOXFLEET_API_KEYS" in secrets
+        assert "TOXFLEET_API_KEYS" in own
 
 
 def test_placeholders_are_the_documented_ones() -> None:
@@ -698,55 +711,282 @@ def test_placeholders_are_the_documented_ones() -> None:
     assert set().union(*(set(re.findall(r"\$\{?(\w+)\}?", c)) for c in calls)) == used
 
 
-def test_worker_scaling_tracks_backlog_per_task() -> None:
-    """Workers scale on the custom toxfleet/BacklogPerTask metric the guide describes; the API on ALB requests."""
-    worker = load_ecs("worker-scaling")["TargetTrackingScalingPolicyConfiguration"]
-    metric = worker["CustomizedMetricSpecification"]
-    assert f"{metric['Namespace']}/{metric['MetricName']}" == "toxfleet/BacklogPerTask"
-    assert "toxfleet/BacklogPerTask" in FARGATE_DOC
+def _check_policy_tracks(doc: dict[str, Any]) -> None:
+    """The worker policy's metric is one this EMF document defines, with the same dimensions and values."""
+    policy = load_ecs("worker-scaling")
+    metric = policy["TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]
+    (directive,) = doc["_aws"]["CloudWatchMetrics"]
+    assert metric["Namespace"] == directive["Namespace"]
+    assert metric["MetricName"] in {m["Name"] for m in directive["Metrics"]}
+    assert [d["Name"] for d in metric["Dimensions"]] in directive["Dimensions"]
+    for dimension in metric["Dimensions"]:
+        assert doc[dimension["Name"]] == dimension["Value"]
+    assert isinstance(doc[metric["MetricName"]], int | float)
+
+
+def test_worker_scaling_tracks_what_the_publisher_emits() -> None:
+    """Workers scale on the metric worker/backlog.py emits (namespace, name, Service dimension, taken
+    from its own EMF output), the Service value is the scaled ECS service, the deployment does not
+    override it, and the guide names the metric; the API scales on ALB requests."""
+    doc = backlog.emf(backlog.Backlog(queued=3, unacked=1, workers=2), backlog.DEFAULT_SERVICE, 0.0)
+    _check_policy_tracks(doc)
+    policy = load_ecs("worker-scaling")
+    metric = policy["TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]
+    assert (metric["Namespace"], metric["MetricName"]) == (backlog.NAMESPACE, "BacklogPerTask")
+    assert doc["BacklogPerTask"] == 2.0  # (3 waiting + 1 unacked) / 2 workers: per task, in messages
+    assert metric["Statistic"] == "Average"
+    assert policy["ResourceId"] == f"service/toxfleet/{backlog.DEFAULT_SERVICE}"
+    assert "--service" not in SERVICES["backlog"]["command"] + container("flower", "backlog")["command"]
+    assert f"{backlog.NAMESPACE}/BacklogPerTask" in FARGATE_DOC and f"Service={backlog.DEFAULT_SERVICE}" in FARGATE_DOC
     api = load_ecs("api-scaling")["TargetTrackingScalingPolicyConfiguration"]
     assert api["PredefinedMetricSpecification"]["PredefinedMetricType"] == "ALBRequestCountPerTarget"
 
 
+TARGET_LINE = re.compile(r"`TargetValue` = \*\*([\d.]+)\*\* s × \*\*([\d.]+)\*\* texts/s ÷ \*\*([\d.]+)\*\* texts per "
+                         r"message = \*\*([\d.]+)\*\* messages per task")
+
+
+def test_worker_scaling_target_is_the_documented_derivation() -> None:
+    """worker-scaling.json's TargetValue is, in messages, the guide's worked formula (acceptable wait ×
+    texts/s per task ÷ texts per message, at most CHUNK_TEXTS per message), and the measured
+    throughput stays an explicit placeholder in the prose."""
+    (found,) = TARGET_LINE.findall(FARGATE_DOC)
+    wait, rate, per_message, target = map(float, found)
+    assert wait * rate / per_message == pytest.approx(target)
+    assert 1 <= per_message <= contract.CHUNK_TEXTS
+    value = load_ecs("worker-scaling")["TargetTrackingScalingPolicyConfiguration"]["TargetValue"]
+    assert value == pytest.approx(target)
+    assert "<MEASURED: texts/s per task" in FARGATE_DOC
+    assert "not built yet" not in FARGATE_DOC and "PutMetricData permission" not in FARGATE_DOC.replace("**", "")
+
+
 # ---- every setting the deployment sets is one the code reads -------------------------------
 
-def _settings_env(service_names: set[str], dockerfile: Dockerfile, ecs_names: set[str]) -> dict[str, str]:
-    """TOXFLEET_*/REDIS_URL variables set for some containers, each with where it is set."""
+def _settings_env(service_names: set[str], images: list[tuple[Dockerfile, list[Stage]]],
+                  containers: list[tuple[str, str]]) -> dict[str, str]:
+    """TOXFLEET_*/REDIS_URL variables set for some containers, each with where it is set: Compose
+    services (with the offline override), Dockerfile stages (ENV with their parents', and their own
+    ARGs), ECS containers as (task, container)."""
     found: dict[str, str] = {}
     for compose_file, data in (("docker-compose.yml", COMPOSE), ("+ docker-compose.offline.yml", OFFLINE)):
         for name, service in data["services"].items():
             if name in service_names:
                 for var in [*environment(service), *service.get("build", {}).get("args", {})]:
                     found.setdefault(var, f"{compose_file} service {name}")
-    for stage in dockerfile.stages:
-        for var in [*dockerfile.env(stage), *dockerfile.args(stage)]:
-            found.setdefault(var, f"{dockerfile.path.name} stage {stage.name}")
-    for name in ecs_names:
-        (container,) = load_ecs(name)["containerDefinitions"]
-        for var in [v["name"] for v in container.get("environment", []) + container.get("secrets", [])]:
-            found.setdefault(var, f"deploy/ecs/{name}.json")
+    for dockerfile, stages in images:
+        for stage in stages:
+            for var in [*dockerfile.env(stage), *dockerfile.args(stage)]:
+                found.setdefault(var, f"{dockerfile.path.name} stage {stage.name}")
+    for task, name in containers:
+        each = container(task, name)
+        for var in [v["name"] for v in each.get("environment", []) + each.get("secrets", [])]:
+            found.setdefault(var, f"deploy/ecs/{task}.json container {name}")
     return {k: v for k, v in found.items() if looks_like_setting(k)}
+
+
+def _api_settings_classes() -> list[type[BaseSettings]]:
+    module = importlib.import_module("api.settings")
+    classes = [c for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, BaseSettings) and c is not BaseSettings]
+    assert classes, "api/settings.py defines no pydantic-settings class"
+    return classes
 
 
 def test_worker_side_variables_are_worker_settings() -> None:
     """Every TOXFLEET_* variable (and REDIS_URL) set for the workers, synth and Flower (which loads
-    the worker app) is read by WorkerSettings."""
-    variables = _settings_env({"worker", "synth", "flower"}, WORKER_FILE, {"worker", "flower"})
-    assert "TOXFLEET_MODEL" in variables and "REDIS_URL" in variables
+    the worker app), from Compose, both Dockerfiles and the ECS tasks, is read by WorkerSettings."""
+    variables = _settings_env({"worker", "synth", "flower"},
+                              [(WORKER_FILE, WORKER_FILE.stages), (API_FILE, [API_FILE.stage("flower")])],
+                              [("worker", "worker"), ("flower", "flower")])
+    assert {"TOXFLEET_MODEL", "TOXFLEET_LOG_FORMAT", "TOXFLEET_METRICS_PORT", "REDIS_URL"} <= set(variables)
     unknown = {var: where for var, where in variables.items() if var not in accepted_env_names(WorkerSettings)}
     assert not unknown, f"not WorkerSettings fields: {unknown}"
 
 
 def test_api_side_variables_are_api_settings() -> None:
     """Every TOXFLEET_* variable (and REDIS_URL) set for the API is read by the API's settings class."""
-    if not (ROOT / "api" / "settings.py").exists():
-        pytest.skip("api/settings.py does not exist yet (the lead is writing it)")
-    module = importlib.import_module("api.settings")
-    classes = [c for c in vars(module).values()
-               if isinstance(c, type) and issubclass(c, BaseSettings) and c is not BaseSettings]
-    assert classes, "api/settings.py defines no pydantic-settings class"
-    accepted = set().union(*(accepted_env_names(c) for c in classes))
-    variables = _settings_env({"api"}, API_FILE, {"api"})
-    assert "REDIS_URL" in variables
+    accepted = set().union(*(accepted_env_names(c) for c in _api_settings_classes()))
+    variables = _settings_env({"api"}, [(API_FILE, API_FILE.stages)], [("api", "api")])
+    assert {"TOXFLEET_LOG_FORMAT", "TOXFLEET_METRICS_ENABLED", "REDIS_URL"} <= set(variables)
     unknown = {var: where for var, where in variables.items() if var not in accepted}
     assert not unknown, f"not API settings fields: {unknown}"
+
+
+def _environ_reads(module_path: Path) -> set[str]:
+    """Environment variables a module reads by name (`os.environ.get("X")`, `os.environ["X"]`, `os.getenv("X")`)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(module_path.read_text())):
+        target, key = None, None
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            target, key = ast.unparse(node.func), node.args[0].value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            target, key = ast.unparse(node.value) + ".__getitem__", node.slice.value
+        if target in ("os.environ.get", "os.environ.__getitem__", "os.getenv") and isinstance(key, str):
+            names.add(key)
+    return names
+
+
+def test_backlog_variables_are_read_by_the_publisher() -> None:
+    """Every TOXFLEET_* variable (and REDIS_URL) the backlog publisher's container gets (Compose, the
+    Flower image, ECS) is one worker/backlog.py reads, and means there what the settings field means."""
+    variables = _settings_env({"backlog"}, [(API_FILE, [API_FILE.stage("flower")])], [("flower", "backlog")])
+    reads = _environ_reads(ROOT / "worker" / "backlog.py")
+    assert {"REDIS_URL", "TOXFLEET_LOG_FORMAT"} <= reads  # the parse found them
+    assert {"REDIS_URL", "TOXFLEET_LOG_FORMAT"} <= set(variables)
+    unknown = {var: where for var, where in variables.items() if var not in reads}
+    assert not unknown, f"not read by worker/backlog.py: {unknown}"
+    fields = accepted_env_names(WorkerSettings) & set().union(*(accepted_env_names(c) for c in _api_settings_classes()))
+    assert set(variables) <= fields
+
+
+# ---- observability in the deployment: JSON logs, metrics ports, the backlog publisher --------
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_images_log_json_lines(name: str) -> None:
+    """Every service image sets TOXFLEET_LOG_FORMAT=json (the backlog publisher runs the Flower
+    image), a value both settings classes accept, and neither Compose nor ECS sets it otherwise."""
+    dockerfile, stage = IMAGES[name]
+    assert dockerfile.env(stage)["TOXFLEET_LOG_FORMAT"] == "json"
+    classes: list[type[BaseSettings]] = [WorkerSettings, *_api_settings_classes()]
+    for settings in classes:
+        assert "json" in typing.get_args(settings.model_fields["log_format"].annotation)
+    overrides = [environment(service).get("TOXFLEET_LOG_FORMAT") for service in OFFLINE["services"].values()]
+    overrides += [v["value"] for task in TASK_DEFINITIONS for c in load_ecs(task)["containerDefinitions"]
+                  for v in c.get("environment", []) if v["name"] == "TOXFLEET_LOG_FORMAT"]
+    assert {o for o in overrides if o is not None} <= {"json"}
+
+
+def test_worker_metrics_port_is_reachable_on_the_private_network_only() -> None:
+    """The worker image's TOXFLEET_METRICS_PORT is the port it EXPOSEs, the one Compose exposes to the
+    project network without publishing it, the one the ECS worker task maps, and the one the guide
+    opens to the scraper's security group only."""
+    stage = IMAGES["worker"][1]
+    port = int(WORKER_FILE.env(stage)["TOXFLEET_METRICS_PORT"])
+    assert port != 0 and port == WorkerSettings.model_fields["metrics_port"].default
+    assert [i.args for i in WORKER_FILE.effective(stage, "EXPOSE")] == [str(port)]
+    for services in (SERVICES, OFFLINE["services"]):
+        worker = services["worker"]
+        assert [str(p) for p in worker["expose"]] == [str(port)] and "ports" not in worker
+        assert environment(worker).get("TOXFLEET_METRICS_PORT", str(port)) == str(port)
+    assert [p["containerPort"] for p in container("worker").get("portMappings", [])] == [port]
+    (row,) = [line for line in FARGATE_DOC.splitlines() if line.startswith("| `sg-worker` |")]
+    assert f"{port} (metrics) from `sg-prometheus` only" in row
+
+
+def test_backlog_service_runs_the_publisher_once() -> None:
+    """Compose's `backlog` service runs `python -m worker.backlog --interval 60` from the Flower image
+    (same build), once: no port, no scaling, no inherited Flower probe, restarted if it dies."""
+    service, flower = SERVICES["backlog"], SERVICES["flower"]
+    assert service["command"] == BACKLOG_COMMAND
+    assert service["build"] == flower["build"] and service["image"] == flower["image"]
+    assert not {"ports", "expose", "scale", "deploy", "container_name"} & set(service)
+    assert service["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert service["healthcheck"]["disable"] is True  # the image's HEALTHCHECK probes Flower's port
+    assert service["restart"] == "unless-stopped" and service["init"] is True
+    running = [name for name, each in OFFLINE["services"].items()
+               if "worker.backlog" in " ".join(map(str, each.get("command", [])))]
+    assert running == ["backlog"]
+
+
+def test_flower_task_runs_the_publisher_once() -> None:
+    """In ECS the publisher is an essential, restartable second container of the Flower task (the
+    Flower image, the same REDIS_URL secret), the only one anywhere, in a service kept at one task."""
+    publisher, flower = container("flower", "backlog"), container("flower")
+    assert publisher["command"] == BACKLOG_COMMAND and publisher["image"] == flower["image"]
+    assert publisher["essential"] is True and publisher["restartPolicy"]["enabled"] is True
+    assert publisher["secrets"] == [s for s in flower["secrets"] if s["name"] == "REDIS_URL"]
+    assert "portMappings" not in publisher
+    running = [(task, c["name"]) for task in TASK_DEFINITIONS for c in load_ecs(task)["containerDefinitions"]
+               if "worker.backlog" in " ".join(c.get("command", []))]
+    assert running == [("flower", "backlog")]
+    (create,) = [c for c in re.findall(r"aws ecs create-service (?:[^\n]*\\\n)*[^\n]*", FARGATE_DOC)
+                 if "--service-name toxfleet-flower" in c]
+    assert "--desired-count 1" in create
+    assert not any("toxfleet-flower" in load_ecs(p)["ResourceId"] for p in SCALING_POLICIES)
+
+
+FLOWER_IMAGE_ONLY = """\
+import importlib.abc, importlib.metadata as md, runpy, sys
+allowed, log = set(sys.argv[1].split(",")), open(sys.argv[2], "w")
+owners = md.packages_distributions()
+
+class FlowerImageOnly(importlib.abc.MetaPathFinder):
+    # First on sys.meta_path: sees every module imported from here on; refuses installed packages
+    # that the Flower image does not have, as if they were absent.
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        log.write(name + "\\n"); log.flush()
+        dists = {d.lower().replace("_", "-") for d in owners.get(top, [])}
+        if dists and not dists & allowed:
+            raise ModuleNotFoundError(f"No module named {name!r} in the Flower image", name=name)
+        return None
+
+sys.meta_path.insert(0, FlowerImageOnly())
+module, sys.argv = sys.argv[3], sys.argv[3:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+"""`python -m <module> args` with only the Flower image's distributions importable, logging each import."""
+
+
+def test_backlog_publisher_runs_from_the_flower_image(compose_redis: tuple[int, str], tmp_path: Path) -> None:
+    """The deployed command, run against Compose's Redis with its REDIS_URL and the Flower image's
+    environment, with only the Flower image's packages importable (base dependencies and the flower
+    extra), prints an EMF line the scaling policy reads at once, and imports no torch, detoxify,
+    transformers or Celery on the way."""
+    port, password = compose_redis
+    command = SERVICES["backlog"]["command"]
+    assert command[:3] == ["python", "-m", "worker.backlog"]
+    project = PYPROJECT["project"]
+    image = _closure(project["dependencies"] + project["optional-dependencies"]["flower"], set()) | {"toxfleet"}
+    driver, imports = tmp_path / "flower_image_only.py", tmp_path / "imports"
+    driver.write_text(FLOWER_IMAGE_ONLY)
+    url = interpolate(environment(SERVICES["backlog"])["REDIS_URL"], {"REDIS_PASSWORD": password})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
+    env.update({k: v for k, v in API_FILE.env(API_FILE.stage("flower")).items() if looks_like_setting(k)},
+               REDIS_URL=url.replace("@redis:6379", f"@127.0.0.1:{port}"), PYTHONPATH=str(ROOT))
+    argv = [sys.executable, str(driver), ",".join(sorted(image)), str(imports), command[2], *command[3:]]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the first reading is immediate
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    assert line, stderr[-3000:]
+    doc = json.loads(line)
+    _check_policy_tracks(doc)
+    assert doc["Workers"] == 0 and doc["BacklogPerTask"] == 0
+    imported = {name.split(".")[0] for name in imports.read_text().split()}
+    assert {"redis", "toxfleet"} <= imported  # the log did see the imports
+    assert not imported & {*INFERENCE_PACKAGES, "celery", "kombu"}, imported
+
+
+def test_api_metrics_are_kept_off_the_load_balancer() -> None:
+    """The guide's listener rule is a valid ELBv2 CreateRule request answering a fixed 404 for every
+    path of the API's metrics router and for no other API route."""
+    from botocore.validate import ParamValidator
+
+    from api.routes import compat, health, jobs
+    from api.routes import metrics as metrics_routes
+
+    (block,) = re.findall(r"aws elbv2 create-rule (?:[^\n]*\\\n)*[^\n]*", FARGATE_DOC)
+    words = shlex.split(block.replace("\\\n", " "))
+    request = {"ListenerArn": "arn:aws:elasticloadbalancing:eu-west-1:123456789012:listener/app/a/b/c",
+               "Priority": int(words[words.index("--priority") + 1]),
+               "Conditions": json.loads(words[words.index("--conditions") + 1]),
+               "Actions": json.loads(words[words.index("--actions") + 1])}
+    report = ParamValidator().validate(request, _botocore_shape("elbv2", "CreateRule"))
+    assert not report.has_errors(), report.generate_report()
+    (action,) = request["Actions"]
+    assert action["Type"] == "fixed-response" and action["FixedResponseConfig"]["StatusCode"] == "404"
+    (condition,) = request["Conditions"]
+    patterns = condition["PathPatternConfig"]["Values"]
+
+    def blocked(path: str) -> bool:  # ALB: `*` any run of characters, `?` one; case-sensitive
+        return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
+
+    metric_paths = [r.path for r in metrics_routes.router.routes]  # type: ignore[attr-defined]
+    assert metric_paths and all(blocked(p) and blocked(p + "/") for p in metric_paths)
+    others = [r.path for router in (jobs.router, compat.router, health.router) for r in router.routes]  # type: ignore[attr-defined]
+    assert others and not any(blocked(p) for p in others)
+    assert "TOXFLEET_METRICS_ENABLED" in {v["name"] for v in container("api")["environment"]}
