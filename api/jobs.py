@@ -8,6 +8,7 @@ stores), so a long-poll answers the moment the last chunk lands, with no polling
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -25,11 +26,15 @@ from starlette.concurrency import run_in_threadpool
 from api import metrics
 from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, QueueFull
 from api.settings import ApiSettings
+from api.waiter import RESYNC, ResultWaiter
 from toxfleet import contract, logs
 from toxfleet.celeryconf import celery_config
 
 JOB_KEY_PREFIX = "toxfleet:job:"
 """Redis key prefix of job manifests."""
+
+RECHECK_SECONDS = 1.0
+"""A long-poll also re-reads its job this often, a safety net under the pub/sub wake-ups."""
 
 IDEMPOTENCY_KEY_PREFIX = "toxfleet:idem:"
 """Redis key prefix of Idempotency-Key records (the client's key is stored hashed)."""
@@ -83,8 +88,10 @@ class JobService:
         self._redis = redis
         self._celery = celery
         self._result_key = celery.backend.get_key_for_task
+        self._waiter = ResultWaiter(redis, settings.redis_timeout)
 
     async def close(self) -> None:
+        await self._waiter.close()
         await self._redis.aclose()
 
     # -- submit ---------------------------------------------------------------------------------
@@ -201,17 +208,21 @@ class JobService:
 
     async def _wait(self, job_id: str, sizes: list[int], keys: list[bytes], wait: float) -> JobView:
         deadline = time.monotonic() + wait
-        async with self._redis.pubsub() as pubsub:
-            # Subscribe first, then read: a result stored in between is seen by one or the other.
-            await pubsub.subscribe(*keys)
+        async with self._waiter.watching(keys) as queue:
+            # Subscribed (confirmed), then read: a result stored in between is seen by one or the other.
             metas = await self._metas(keys)
             index = {k: i for i, k in enumerate(keys)}
             view = self._view(job_id, sizes, metas)
             while not view.finished and (remaining := deadline - time.monotonic()) > 0:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
-                if message is None:
-                    continue
-                metas[index[message["channel"]]] = json.loads(message["data"])
+                try:
+                    item = await asyncio.wait_for(queue.get(), min(remaining, RECHECK_SECONDS))
+                except TimeoutError:
+                    item = RESYNC
+                if item is RESYNC:
+                    metas = await self._metas(keys)
+                else:
+                    key, value = item
+                    metas[index[key]] = json.loads(value)
                 view = self._view(job_id, sizes, metas)
             return view
 
@@ -243,7 +254,10 @@ class JobService:
 
 
 def make_service(settings: ApiSettings) -> JobService:
-    redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout,
-                                    socket_connect_timeout=settings.redis_timeout)
+    # A blocking pool: a burst of requests waits (up to redis_timeout) for a connection instead of failing.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=settings.redis_max_connections, timeout=settings.redis_timeout,
+        socket_timeout=settings.redis_timeout, socket_connect_timeout=settings.redis_timeout)
+    redis = aioredis.Redis(connection_pool=pool)
     return JobService(settings, redis, make_celery(settings))
 

@@ -35,6 +35,8 @@ class ApiSettings(BaseSettings):
                                     description="Redis redelivery timeout (must match the workers').")
     redis_timeout: float = Field(1.0, gt=0, le=30,
                                  description="Seconds before a Redis operation is given up (503 to the client).")
+    redis_max_connections: int = Field(128, ge=4, le=10_000,
+                                       description="Redis connections per API process (long-polls share one).")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
                                 description="Largest request body accepted; larger ones get 413.")
     api_keys: SecretStr = Field(SecretStr(""), description="Comma-separated API keys; empty means no auth. "

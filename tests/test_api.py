@@ -143,3 +143,19 @@ def test_openapi_docs_are_served(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert "/v1/jobs" in spec["paths"] and "/v1/jobs/{job_id}" in spec["paths"]
     assert client.get("/docs").status_code == 200
+
+
+def test_many_long_polls_share_a_few_redis_connections(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """150 concurrent long-polls through an API allowed 8 Redis connections all answer (no 503):
+    waiting requests share one pub/sub connection instead of holding one each."""
+    import concurrent.futures
+
+    redis_server.client().flushdb()
+    settings = ApiSettings(redis_url=redis_server.url, redis_max_connections=8, max_wait=5)
+    with TestClient(create_app(settings)) as c:
+        ids = [c.post("/v1/jobs", json={"texts": [f"t{i}"]}).json()["id"] for i in range(150)]
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(150) as pool:
+            codes = list(pool.map(lambda i: c.get(f"/v1/jobs/{i}", params={"wait": 1.5}).status_code, ids))
+        assert codes == [200] * 150
+        assert time.monotonic() - t0 < 10
