@@ -12,7 +12,7 @@ that library was measured to hurt a latency-sensitive model server:
 - **Worker loss is handled.** If the pool process dies mid-batch, each request is re-published with
   `retries + 1` and then acked (a re-published request runs alone, so an innocent neighbour is not
   failed with it); past `max_retries` it is stored as failed with the reason.
-- **Flower sees every request**: received, started, succeeded/failed events, and worker state
+- **Flower sees every request**: received and succeeded/failed events, and worker state
   (`inspect active/reserved`) stays accurate.
 
 ETA/countdown are not supported: a scoring request is wanted now.
@@ -150,8 +150,9 @@ class BatchTask(Task):  # type: ignore[misc]
             for r in batch:
                 r.worker_pid = pid
                 r.time_start = time() - (monotonic() - time_accepted)
+                # No task-started event: the STARTED state is stored in the backend anyway, and every
+                # event is a publish on the consumer's hot path (Flower lists tasks without it).
                 task_accepted(r)
-                r.send_event("task-started")
 
         def on_return(outcomes: list[dict[str, Any]]) -> None:
             self._in_flight.discard(batch_id)
