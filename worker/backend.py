@@ -4,11 +4,17 @@ A backend owns a tokenizer and a model and answers two questions: how a text tok
 the probabilities of a padded batch of token sequences are. Batch planning (sorting, padding
 budgets) lives in `worker.scorer`, so every backend gets it for free. Nothing here is imported
 before a worker process starts loading its model.
+
+Backends (TOXFLEET_BACKEND): `torch` is the reference, exactly Detoxify's model in fp32; the others
+(`worker.reduced_torch`, `worker.onnx_backend`) run the same weights a cheaper way and must pass the
+fidelity gate (`worker.fidelity`) against it before `auto` may pick them (`worker.selection`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -16,14 +22,28 @@ from typing import Any
 from toxfleet.contract import MODEL_MAX_TOKENS
 from worker.settings import WorkerSettings
 
+logger = logging.getLogger(__name__)
+
+FP32 = "fp32"
+"""Precision class of backends that compute in fp32: held to the tight fidelity budget."""
+
+REDUCED = "reduced"
+"""Precision class of quantized or bf16 backends: held to the looser fidelity budget."""
+
 
 class Backend(ABC):
     """Tokenize texts and score padded batches: `predict(batch)` is list in, list out."""
 
+    #: The TOXFLEET_BACKEND value that builds this backend.
+    name: str
+    #: `FP32` or `REDUCED`: which fidelity budget applies (`worker.fidelity`).
+    precision: str = FP32
     #: Labels returned, in model output order (Detoxify's `class_names`).
     labels: list[str]
     #: What results report as the model that scored them.
     identity: str
+    #: Seconds `load_backend` took to build this backend (weights, quantization, session).
+    load_seconds: float = 0.0
 
     @abstractmethod
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
@@ -33,9 +53,16 @@ class Backend(ABC):
     def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         """Probabilities per sequence, one per label; the batch is padded to its longest sequence."""
 
+    def describe(self) -> dict[str, Any]:
+        """What logs, the heartbeat and benchmarks report about this backend."""
+        return {"backend": self.name, "precision": self.precision, "model": self.identity,
+                "labels": len(self.labels), "load_seconds": round(self.load_seconds, 3)}
+
 
 class TorchBackend(Backend):
     """The reference: exactly the model and tokenizer `detoxify.Detoxify` loads, in fp32."""
+
+    name = "torch"
 
     def __init__(self, detoxify: Any, identity: str) -> None:
         import torch
@@ -77,10 +104,39 @@ def load_detoxify(settings: WorkerSettings) -> Any:
 
 
 def load_backend(settings: WorkerSettings) -> Backend:
-    """Build the configured backend in this process."""
-    import torch
+    """Build the configured backend in this process (`auto` resolved by `worker.selection`).
 
-    torch.set_num_threads(settings.torch_threads)
-    if settings.backend == "torch":
-        return TorchBackend(load_detoxify(settings), settings.model_identity)
-    raise ValueError(f"unknown TOXFLEET_BACKEND={settings.backend!r} (known: torch)")
+    Nothing is exported or measured here: ONNX backends load what `python -m worker.export` built
+    and refuse, with the command to run, an export that is missing, stale or corrupt.
+    """
+    from worker.selection import resolve_backend
+
+    name, reason = resolve_backend(settings)
+    if settings.backend == "auto":
+        logger.info("TOXFLEET_BACKEND=auto: using %s (%s)", name, reason)
+    started = time.perf_counter()
+    backend: Backend
+    if name in ("onnx", "onnx-int8"):
+        # No torch import on this path: an image without torch can run it.
+        from worker.onnx_backend import load_onnx_backend
+
+        backend = load_onnx_backend(settings, int8=name == "onnx-int8")
+    else:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+        detoxify = load_detoxify(settings)
+        if name == "torch":
+            backend = TorchBackend(detoxify, settings.model_identity)
+        elif name == "torch-int8":
+            from worker.reduced_torch import TorchInt8Backend
+
+            backend = TorchInt8Backend(detoxify, settings.model_identity)
+        elif name == "torch-bf16":
+            from worker.reduced_torch import TorchBf16Backend
+
+            backend = TorchBf16Backend(detoxify, settings.model_identity)
+        else:
+            raise ValueError(f"unknown TOXFLEET_BACKEND={name!r}")
+    backend.load_seconds = time.perf_counter() - started
+    return backend

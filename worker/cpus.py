@@ -50,3 +50,37 @@ def default_concurrency(threads_per_process: int = 1) -> int:
         smt = max(1, len(allowed) // max(1, cores))
         cores = min(cores, max(1, math.floor(limit / smt + 1e-9)))
     return max(1, cores // threads_per_process)
+
+
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_fp16")
+"""CPU flags that change which kernels ONNX Runtime, oneDNN and fbgemm pick, and so change both the
+speed and the exact rounding of reduced-precision backends (e.g. int8 without VNNI saturates)."""
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The flags of the first CPU in /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def kernel_signature(flags: set[str] | None = None) -> str:
+    """The kernel-relevant flags this CPU has, as one stable string: the key a fidelity decision is
+    valid for (`worker.selection`)."""
+    have = cpu_flags() if flags is None else flags
+    return ",".join(flag for flag in KERNEL_FLAGS if flag in have) or "baseline"
+
+
+def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name, for reports only."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"

@@ -17,6 +17,9 @@ from toxfleet import contract
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
+BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-bf16", "onnx", "onnx-int8")
+"""Values TOXFLEET_BACKEND accepts; `worker.backend.load_backend` builds each of them."""
+
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOXFLEET_", extra="ignore")
@@ -26,10 +29,21 @@ class WorkerSettings(BaseSettings):
     model: str = Field("unbiased-small", description="Detoxify model name, used when no checkpoint is given.")
     checkpoint: Path | None = Field(None, description="Detoxify-format .ckpt to load instead of downloading.")
     hf_config: Path | None = Field(None, description="Directory with the HF config and tokenizer (offline).")
-    backend: str = Field("torch", description="Inference backend (see worker/backend.py).")
+    backend: str = Field(
+        "auto",
+        description="Inference backend: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, "
+                    "`torch-bf16`, `onnx`, `onnx-int8`, or `auto`: the fastest backend that passed the fidelity "
+                    "gate for this checkpoint on this CPU (`python -m worker.export` decides; without a decision "
+                    "for this checkpoint, CPU and runtime, `auto` is `torch`). See docs/backends.md.")
+    export_dir: Path | None = Field(
+        None,
+        description="Directory holding ahead-of-time ONNX exports, one subdirectory per checkpoint sha256; "
+                    "default: `exports/` next to the checkpoint. Workers only read it; `python -m worker.export` "
+                    "writes it.")
     concurrency: int | None = Field(None, ge=1, le=256,
                                     description="Worker processes; default: physical cores the container may use.")
-    torch_threads: int = Field(1, ge=1, le=64, description="Intra-op threads per process.")
+    torch_threads: int = Field(1, ge=1, le=64,
+                               description="Intra-op threads per process (torch and ONNX Runtime backends alike).")
     pass_tokens: int = Field(1024, ge=64, le=65536,
                              description="Most padded tokens (texts x longest) in one forward pass.")
     pass_texts: int = Field(16, ge=1, le=1024, description="Most texts in one forward pass.")
@@ -62,6 +76,8 @@ class WorkerSettings(BaseSettings):
             raise ValueError(f"TOXFLEET_CHECKPOINT={self.checkpoint} is not a file")
         if self.hf_config is not None and not self.hf_config.is_dir():
             raise ValueError(f"TOXFLEET_HF_CONFIG={self.hf_config} is not a directory")
+        if self.backend not in BACKEND_NAMES:
+            raise ValueError(f"TOXFLEET_BACKEND={self.backend!r} is not one of {', '.join(BACKEND_NAMES)}")
         if self.pass_tokens < contract.MODEL_MAX_TOKENS:
             raise ValueError(f"TOXFLEET_PASS_TOKENS must be at least {contract.MODEL_MAX_TOKENS} (one full text)")
         return self

@@ -1,0 +1,98 @@
+"""Detoxify's model on ONNX Runtime: the fp32 export (`onnx`) or its int8 quantization (`onnx-int8`).
+
+Loads only what `python -m worker.export` built and verified (never exports), and imports neither
+torch nor Detoxify, so a worker image without torch can run it. What it keeps from Detoxify, on
+purpose, because a circulating ONNX recipe for Detoxify gets both wrong:
+
+- **sigmoid per label**, not softmax across labels: Detoxify is multi-label;
+- **the attention mask is fed**: padded batches are scored as if each text were alone;
+- the tokenizer Detoxify loads (saved into the export) and its label order (from the checkpoint).
+
+The fidelity gate (`worker.fidelity`) holds it to the torch reference on padded batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toxfleet.contract import MODEL_MAX_TOKENS
+from worker.backend import FP32, REDUCED, Backend
+from worker.export import FP32_MODEL, INT8_MODEL, TOKENIZER_DIR, Manifest, export_location, verify_export
+from worker.settings import WorkerSettings
+
+
+def pad_batch(batch: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) as int64 arrays, padded to the longest sequence with `pad_id`."""
+    longest = max((len(seq) for seq in batch), default=0)
+    ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), longest), dtype=np.int64)
+    for row, seq in enumerate(batch):
+        span = slice(longest - len(seq), longest) if left else slice(0, len(seq))
+        ids[row, span] = seq
+        mask[row, span] = 1
+    return ids, mask
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    # float64 so that large negative logits do not overflow exp(); the output is float64 like torch's tolist.
+    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+class OnnxBackend(Backend):
+    """An ONNX Runtime session on one exported graph, with the export's saved tokenizer."""
+
+    def __init__(self, directory: Path, manifest: Manifest, model_file: str, threads: int) -> None:
+        import onnxruntime as ort
+        import transformers
+
+        self.name = "onnx-int8" if model_file == INT8_MODEL else "onnx"
+        self.precision = REDUCED if model_file == INT8_MODEL else FP32
+        self.labels = list(manifest.labels)
+        self.identity = manifest.identity
+        self.threads = threads
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # All levels: layout transforms and MatMulInteger+scale fusions for this CPU, applied at load.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._session = ort.InferenceSession(str(directory / model_file), options, providers=["CPUExecutionProvider"])
+        tokenizer_class = getattr(transformers, manifest.tokenizer_class)
+        self._tokenizer: Any = tokenizer_class.from_pretrained(str(directory / TOKENIZER_DIR))
+        self._pad_id = int(self._tokenizer.pad_token_id)
+        self._pad_left = self._tokenizer.padding_side == "left"
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        ids: list[list[int]] = self._tokenizer(list(texts), truncation=True, max_length=MODEL_MAX_TOKENS)["input_ids"]
+        return ids
+
+    def logits(self, batch: Sequence[Sequence[int]], with_mask: bool = True) -> np.ndarray:
+        """Raw model outputs (all of them, identity heads included) for a padded batch."""
+        ids, mask = pad_batch(batch, self._pad_id, self._pad_left)
+        if not with_mask:
+            mask = np.ones_like(mask)
+        out: np.ndarray = self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        return out
+
+    def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        probs = sigmoid(self.logits(batch)[:, : len(self.labels)])
+        out: list[list[float]] = probs.tolist()
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "threads": self.threads}
+
+
+def load_onnx_backend(settings: WorkerSettings, int8: bool) -> OnnxBackend:
+    """The `onnx` or `onnx-int8` backend from this checkpoint's verified export (ExportError if unusable)."""
+    model_file = INT8_MODEL if int8 else FP32_MODEL
+    directory, sha = export_location(settings)
+    manifest = verify_export(directory, sha, files=[])
+    # Hash only what this backend reads: the other model file may be large and is not our concern.
+    needed = [model_file] + [name for name in manifest.files if name.startswith(TOKENIZER_DIR + "/")]
+    verify_export(directory, sha, files=needed)
+    return OnnxBackend(directory, manifest, model_file, settings.torch_threads)
