@@ -48,6 +48,8 @@ NO_WEIGHTS_HELP = (
 
 _scorer: Scorer | None = None
 _loaded: Any = None  # multiprocessing.Value("i"): model loads completed by this worker's pool processes
+_backend_name: str | None = None
+"""The backend `auto` resolved to in the main process, for the heartbeat (pool processes resolve alike)."""
 
 
 def scorer() -> Scorer:
@@ -105,9 +107,17 @@ def check_weights(settings: WorkerSettings) -> None:
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     from worker.tasks import score
 
-    global _loaded
+    global _loaded, _backend_name
     settings = get_settings()
     check_weights(settings)
+    from worker.export import ExportError
+    from worker.selection import check_backend
+
+    try:
+        _backend_name, why = check_backend(settings)
+    except ExportError as exc:
+        raise SystemExit(f"toxfleet worker: TOXFLEET_BACKEND={settings.backend}: {exc}") from None
+    logger.info("backend %s (%s)", _backend_name, why)
     # Shared memory the pool processes (forked later) count their finished model loads into.
     _loaded = multiprocessing.Value("i", 0)
     score.batch_tokens = settings.batch_tokens
@@ -148,7 +158,7 @@ def _on_process_init(**_: Any) -> None:
         with _loaded.get_lock():
             _loaded.value += 1
     logger.info("pool process %d loaded %s (%s backend) in %.2fs", os.getpid(), _scorer.backend.identity,
-                get_settings().backend, time.perf_counter() - started)
+                _scorer.backend.name, time.perf_counter() - started)
 
 
 class _Heartbeat(threading.Thread):
@@ -164,8 +174,9 @@ class _Heartbeat(threading.Thread):
         settings = get_settings()
         self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._hostname = hostname
-        self._info = {"hostname": hostname, "model": settings.model_identity, "backend": settings.backend,
-                      "concurrency": concurrency, "pid": os.getpid(), "host": socket.gethostname()}
+        self._info = {"hostname": hostname, "model": settings.model_identity,
+                      "backend": _backend_name or settings.backend, "concurrency": concurrency,
+                      "pid": os.getpid(), "host": socket.gethostname()}
         # Not `_stop`: threading.Thread has a `_stop()` method that fork calls on every thread.
         self._stopping = threading.Event()
 

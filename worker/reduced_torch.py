@@ -35,7 +35,8 @@ class TorchInt8Backend(TorchBackend):
             # torch 2.13 deprecates torch.ao.quantization in favour of torchao (not a dependency here);
             # the eager dynamic path still works and is what this backend measures.
             warnings.simplefilter("ignore")
-            self._model = torch.ao.quantization.quantize_dynamic(self._model, {torch.nn.Linear}, dtype=torch.qint8)
+            self._model = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+                self._model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 class TorchBf16Backend(TorchBackend):

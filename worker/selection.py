@@ -97,3 +97,15 @@ def resolve_backend(settings: WorkerSettings) -> tuple[str, str]:
     row = next((r for r in decision.rows if r.get("backend") == decision.chosen), {})
     return decision.chosen, (f"fastest that passed the fidelity gate: {row.get('texts_per_s', '?')} texts/s, "
                              f"max abs diff {row.get('max_abs', '?')}")
+
+
+def check_backend(settings: WorkerSettings) -> tuple[str, str]:
+    """Resolve the backend and, for an ONNX one, verify its export before any pool process starts
+    (ExportError says why and what to run); returns (name, why)."""
+    name, why = resolve_backend(settings)
+    if name.startswith("onnx"):
+        from worker.export import verify_export
+
+        directory, sha = export_location(settings)
+        verify_export(directory, sha)
+    return name, why

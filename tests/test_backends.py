@@ -1,0 +1,261 @@
+"""Backends and the fidelity gate on the tiny checkpoint: a real ONNX export, real ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worker import export
+from worker.export import ExportError
+from worker.fidelity import FP32_BUDGET, REDUCED_BUDGET, compare, gate_texts, measure, run_gate, score
+from worker.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> WorkerSettings:
+    """Settings whose export directory holds a fresh export of the tiny checkpoint."""
+    settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1],
+                              export_dir=tmp_path_factory.mktemp("exports"))
+    export.ensure_export(settings)
+    return settings
+
+
+@pytest.fixture(scope="module")
+def reference(exported: WorkerSettings) -> tuple[list[str], list[list[float]], list[str]]:
+    """Gate texts and the torch reference's scores of them."""
+    from worker.backend import load_backend
+
+    texts = gate_texts(96)
+    backend = load_backend(exported.model_copy(update={"backend": "torch"}))
+    scores, _ = score(backend, texts, exported)
+    return texts, scores, backend.labels
+
+
+def _copy_export(settings: WorkerSettings, tmp_path: Path) -> tuple[WorkerSettings, Path]:
+    directory, _ = export.export_location(settings)
+    target = tmp_path / "exports" / directory.name
+    shutil.copytree(directory, target)
+    return settings.model_copy(update={"export_dir": tmp_path / "exports"}), target
+
+
+def test_export_manifest_records_hash_versions_and_files(exported: WorkerSettings) -> None:
+    """The export sits under the checkpoint's sha256 and its manifest hashes every file it holds."""
+    directory, sha = export.export_location(exported)
+    assert directory.name == sha == export.sha256_file(exported.checkpoint)  # type: ignore[arg-type]
+    manifest = export.verify_export(directory, sha)
+    assert {export.FP32_MODEL, export.INT8_MODEL} <= set(manifest.files)
+    assert any(name.startswith(export.TOKENIZER_DIR + "/") for name in manifest.files)
+    assert manifest.versions["onnxruntime"] and manifest.versions["torch"] and manifest.opset >= 17
+    assert manifest.labels[0] == "toxicity" and manifest.num_outputs == 16
+
+
+def test_onnx_scores_like_torch_with_the_same_json(exported: WorkerSettings) -> None:
+    """The ONNX backend returns the torch path's labels in its order, with probabilities within 1e-4."""
+    from worker.backend import load_backend
+    from worker.scorer import Scorer
+
+    texts = gate_texts(40)
+    torch_rows, _ = Scorer(load_backend(exported.model_copy(update={"backend": "torch"})), 1024, 16).score(texts)
+    onnx_backend = load_backend(exported.model_copy(update={"backend": "onnx"}))
+    onnx_rows, _ = Scorer(onnx_backend, 1024, 16).score(texts)
+    assert onnx_backend.name == "onnx" and onnx_backend.load_seconds > 0
+    for t, o in zip(torch_rows, onnx_rows, strict=True):
+        assert list(t) == list(o)
+        assert all(isinstance(v, float) for v in o.values())
+        assert max(abs(t[k] - o[k]) for k in t) <= 1e-4
+
+
+def test_gate_passes_onnx_fp32_and_checks_the_reference(exported: WorkerSettings) -> None:
+    """On the tiny checkpoint the fp32 ONNX export is within 1e-4 of torch on padded passes, and the
+    reference's padded passes equal its unpadded scores."""
+    rows = run_gate(exported, ["onnx"], gate_texts(96))
+    by_name = {row.backend: row for row in rows}
+    assert by_name["torch"].passed and by_name["torch"].max_abs <= FP32_BUDGET.max_abs
+    assert by_name["onnx"].passed, by_name["onnx"]
+    assert by_name["onnx"].max_abs <= FP32_BUDGET.max_abs and by_name["onnx"].flips == 0
+
+
+def test_gate_applies_the_reduced_budget_to_quantized_backends(exported: WorkerSettings) -> None:
+    """int8 backends are measured against the 0.02 / 1 % budget and pass exactly when within it."""
+    rows = run_gate(exported, ["onnx-int8", "torch-int8"], gate_texts(64))
+    for row in rows[1:]:
+        assert row.precision == "reduced" and row.error is None
+        assert row.budget_max_abs == REDUCED_BUDGET.max_abs
+        assert math.isfinite(row.max_abs) and row.max_abs > 0  # int8 really computes differently
+        assert row.passed == (row.max_abs <= 0.02 and row.flip_fraction <= 0.01)
+
+
+def _recipe_backend(settings: WorkerSettings, softmax: bool, mask: bool):  # type: ignore[no-untyped-def]
+    """The ONNX backend with the circulating recipe's mistakes switched on."""
+    from worker.onnx_backend import OnnxBackend
+
+    directory, sha = export.export_location(settings)
+    manifest = export.verify_export(directory, sha)
+
+    class Recipe(OnnxBackend):
+        def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+            logits = self.logits(batch, with_mask=mask)[:, : len(self.labels)].astype(np.float64)
+            if softmax:
+                e = np.exp(logits - logits.max(axis=1, keepdims=True))
+                probs = e / e.sum(axis=1, keepdims=True)
+            else:
+                probs = 1 / (1 + np.exp(-logits))
+            out: list[list[float]] = probs.tolist()
+            return out
+
+    return Recipe(directory, manifest, export.FP32_MODEL, 1)
+
+
+@pytest.mark.parametrize(("softmax", "mask"), [(True, False), (True, True), (False, False)],
+                         ids=["softmax+ids-only", "softmax", "ids-only"])
+def test_gate_rejects_the_circulating_onnx_recipe(exported: WorkerSettings, reference, softmax: bool,  # type: ignore[no-untyped-def]
+                                                  mask: bool) -> None:
+    """Softmax across labels and/or feeding only input_ids (no attention mask) fails the gate, each alone."""
+    texts, ref_scores, labels = reference
+    row = measure(_recipe_backend(exported, softmax, mask), texts, ref_scores, labels, exported)
+    assert not row.passed
+    assert row.max_abs > 100 * FP32_BUDGET.max_abs
+
+
+def test_gate_row_for_the_correct_backend_passes(exported: WorkerSettings, reference) -> None:  # type: ignore[no-untyped-def]
+    """The same harness with sigmoid and the mask passes, so the failures above are the mistakes'."""
+    texts, ref_scores, labels = reference
+    assert measure(_recipe_backend(exported, False, True), texts, ref_scores, labels, exported).passed
+
+
+def test_compare_counts_texts_with_any_flipped_label() -> None:
+    """A text counts once however many of its labels cross 0.5; the max diff is over all labels."""
+    ref = [[0.1, 0.9], [0.49, 0.51], [0.3, 0.3]]
+    got = [[0.6, 0.4], [0.49, 0.51], [0.3, 0.35]]
+    worst, _, flips = compare(ref, got)
+    assert flips == 1 and worst == pytest.approx(0.5)
+
+
+def test_corrupt_export_is_refused_with_the_command(exported: WorkerSettings, tmp_path: Path) -> None:
+    """A model file whose bytes changed is refused at load, naming the command that rebuilds it."""
+    from worker.backend import load_backend
+
+    settings, directory = _copy_export(exported, tmp_path)
+    model = directory / export.INT8_MODEL
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(ExportError, match=r"corrupt.*python -m worker\.export"):
+        load_backend(settings.model_copy(update={"backend": "onnx-int8"}))
+    # The fp32 backend reads other files and still loads.
+    assert load_backend(settings.model_copy(update={"backend": "onnx"})).name == "onnx"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("format", 0, "format"), ("checkpoint_sha256", "0" * 64, "checkpoint"),
+    ("versions", {"onnxruntime": "1.0.0", "transformers": "1.0.0"}, "onnxruntime 1.0.0")])
+def test_stale_export_is_refused(exported: WorkerSettings, tmp_path: Path, field: str, value: object,
+                                 message: str) -> None:
+    """An export of another format, checkpoint or onnxruntime version is stale: refused, not loaded."""
+    from worker.backend import load_backend
+
+    settings, directory = _copy_export(exported, tmp_path)
+    manifest = json.loads((directory / export.MANIFEST_FILE).read_text())
+    manifest[field] = value
+    (directory / export.MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match=f"stale.*{message}"):
+        load_backend(settings.model_copy(update={"backend": "onnx"}))
+
+
+def test_missing_export_is_refused_and_never_built_by_a_worker(tiny_checkpoint: tuple[Path, Path],
+                                                               tmp_path: Path) -> None:
+    """A worker asked for ONNX without an export refuses; it does not export at load time."""
+    from worker.backend import load_backend
+
+    settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1], export_dir=tmp_path,
+                              backend="onnx")
+    with pytest.raises(ExportError, match=r"no export.*python -m worker\.export"):
+        load_backend(settings)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ensure_export_rebuilds_a_corrupt_export(exported: WorkerSettings, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export command keeps a current export and rebuilds a corrupt one (the build itself is stubbed)."""
+    settings, directory = _copy_export(exported, tmp_path)
+    built: list[Path] = []
+
+    def fake_build(_settings: WorkerSettings, _recipe: export.Int8Recipe, target: Path) -> Path:
+        built.append(target)
+        return target
+
+    monkeypatch.setattr(export, "build_export", fake_build)
+    assert export.ensure_export(settings) == directory and built == []
+    (directory / export.FP32_MODEL).write_bytes(b"not a model")
+    assert export.ensure_export(settings) == directory and built == [directory]
+
+
+def test_auto_uses_a_valid_decision_and_falls_back_to_the_reference(exported: WorkerSettings, tmp_path: Path) -> None:
+    """`auto` runs the gate's choice while checkpoint, CPU flags and versions match; otherwise torch."""
+    from worker.selection import Decision, resolve_backend
+
+    settings, directory = _copy_export(exported, tmp_path)
+    auto = settings.model_copy(update={"backend": "auto"})
+    name, why = resolve_backend(auto)
+    assert name == "torch" and "no fidelity decision" in why
+    sha = directory.name
+    Decision(checkpoint_sha256=sha, chosen="onnx", rows=[{"backend": "onnx", "texts_per_s": 9.0}], threads=1,
+             texts=10).write(directory)
+    assert resolve_backend(auto)[0] == "onnx"
+    assert resolve_backend(settings.model_copy(update={"backend": "torch-int8"}))[0] == "torch-int8"
+    Decision(checkpoint_sha256=sha, chosen="onnx", rows=[], threads=1, texts=10,
+             kernel_signature="avx2").write(directory)
+    name, why = resolve_backend(auto)
+    assert name == "torch" and "CPU" in why
+
+
+def test_export_command_gate_writes_the_decision(exported: WorkerSettings, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m worker.export` on a current export runs the gate, prints the table, records a passing choice."""
+    from worker.selection import Decision
+
+    settings, directory = _copy_export(exported, tmp_path)
+    monkeypatch.setenv("TOXFLEET_CHECKPOINT", str(settings.checkpoint))
+    monkeypatch.setenv("TOXFLEET_HF_CONFIG", str(settings.hf_config))
+    monkeypatch.setenv("TOXFLEET_EXPORT_DIR", str(settings.export_dir))
+    assert export.main(["--texts", "48"]) == 0
+    out = capsys.readouterr().out
+    assert "| onnx | fp32 |" in out and "auto -> " in out
+    decision = Decision.read(directory)
+    passed = [r for r in decision.rows if r["passed"]]
+    assert decision.chosen == max(passed, key=lambda r: r["texts_per_s"])["backend"]
+    assert export.main(["--check"]) == 0
+
+
+def test_onnx_backend_runs_without_torch(exported: WorkerSettings) -> None:
+    """The ONNX backend loads and scores in a process where importing torch fails."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from worker.settings import WorkerSettings\n"
+        "from worker.backend import load_backend\n"
+        "from worker.scorer import Scorer\n"
+        f"s = WorkerSettings(checkpoint={str(exported.checkpoint)!r}, hf_config={str(exported.hf_config)!r}, "
+        f"export_dir={str(exported.export_dir)!r}, backend='onnx-int8')\n"
+        "rows, _ = Scorer(load_backend(s), 1024, 16).score(['hello there', 'you are awful'])\n"
+        "assert len(rows) == 2 and len(rows[0]) == 7, rows\n"
+        "print('ok', sorted(m for m in sys.modules if m.startswith('torch') and sys.modules[m] is not None))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok []"
+
+
+def test_unknown_backend_name_is_rejected() -> None:
+    """A typo in TOXFLEET_BACKEND fails at settings time, listing the known backends."""
+    with pytest.raises(ValueError, match="onnx-int8"):
+        WorkerSettings(backend="onnx_int8")
