@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[api,worker,flower,dev]"
+	$(PY) -m pip install -q -e ".[api,worker,onnx,flower,dev]"
 	touch $@
 
 ## Start Redis (if none answers), the API on :8000, the workers and Flower on :5555; Ctrl-C stops all.

@@ -202,16 +202,10 @@ def verify_export(directory: Path, checkpoint_sha: str, files: Sequence[str] | N
     return manifest
 
 
-def load_export(settings: WorkerSettings, files: Sequence[str]) -> tuple[Path, Manifest]:
-    """Locate and verify this checkpoint's export for a worker (never builds)."""
-    directory, sha = export_location(settings)
-    return directory, verify_export(directory, sha, files)
-
-
 # --- building (needs torch, onnx, onnxscript, onnxruntime) -------------------------------------------
 
 
-def _export_onnx(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
+def export_onnx(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
     """Export `model` (ids, mask) -> logits with dynamic batch and sequence axes; returns the exporter."""
     import torch
 
@@ -239,7 +233,7 @@ def _export_onnx(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
     return f"torch.onnx.export(dynamo=True) torch {torch.__version__}"
 
 
-def _fold(src: Path, dst: Path) -> None:
+def fold(src: Path, dst: Path) -> None:
     """ONNX Runtime's basic (hardware-independent) graph optimizations, saved: constant folding turns
     ALBERT's shared, transposed weights into initializers the quantizer can see."""
     import onnxruntime as ort
@@ -250,7 +244,7 @@ def _fold(src: Path, dst: Path) -> None:
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
 
 
-def _fuse(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
+def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
     """ONNX Runtime's transformer fusions (`model_type="bert"` covers ALBERT/BERT/RoBERTa/XLM-R graphs)."""
     from onnxruntime.transformers import optimizer
 
@@ -273,7 +267,7 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> No
                      reduce_range=recipe.reduce_range, op_types_to_quantize=list(recipe.op_types))
 
 
-def _check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) -> float:
+def check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) -> float:
     """Largest logit difference between the ONNX graph and torch on a padded batch of mixed lengths."""
     import numpy as np
     import onnxruntime as ort
@@ -313,15 +307,15 @@ def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
         # Eager attention exports as plain MatMul/Softmax, which ONNX Runtime fuses; numerically the same.
         model.set_attn_implementation("eager")
         raw, folded = work / "raw.onnx", work / "folded.onnx"
-        exporter = _export_onnx(model, raw, config.vocab_size, tokenizer.pad_token_id)
-        _fold(raw, folded)
+        exporter = export_onnx(model, raw, config.vocab_size, tokenizer.pad_token_id)
+        fold(raw, folded)
         try:
-            fusions = _fuse(folded, work / FP32_MODEL, config.num_attention_heads, config.hidden_size)
+            fusions = fuse(folded, work / FP32_MODEL, config.num_attention_heads, config.hidden_size)
         except Exception as exc:  # an architecture the fuser does not know still exports, unfused
             print(f"toxfleet export: transformer fusion failed ({exc!r}); keeping the unfused graph", file=sys.stderr)
             shutil.copyfile(folded, work / FP32_MODEL)
             fusions = {}
-        diff = _check_against_torch(model, work / FP32_MODEL, config.vocab_size, tokenizer.pad_token_id)
+        diff = check_against_torch(model, work / FP32_MODEL, config.vocab_size, tokenizer.pad_token_id)
         if not diff <= EXPORT_CHECK_TOLERANCE:
             raise ExportError(f"the ONNX export does not reproduce the torch model (max logit difference {diff:.3g} "
                               f"> {EXPORT_CHECK_TOLERANCE}); refusing it")

@@ -45,12 +45,15 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 class OnnxBackend(Backend):
     """An ONNX Runtime session on one exported graph, with the export's saved tokenizer."""
 
-    def __init__(self, directory: Path, manifest: Manifest, model_file: str, threads: int) -> None:
+    def __init__(self, directory: Path, manifest: Manifest, model_file: str | Path, threads: int,
+                 name: str | None = None, precision: str | None = None) -> None:
+        """`model_file` is relative to the export `directory` (or absolute, for benchmark variants)."""
         import onnxruntime as ort
         import transformers
 
-        self.name = "onnx-int8" if model_file == INT8_MODEL else "onnx"
-        self.precision = REDUCED if model_file == INT8_MODEL else FP32
+        int8 = str(model_file) == INT8_MODEL
+        self.name = name or ("onnx-int8" if int8 else "onnx")
+        self.precision = precision or (REDUCED if int8 else FP32)
         self.labels = list(manifest.labels)
         self.identity = manifest.identity
         self.threads = threads
