@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick clean
+.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick bench-backends export clean
 
 venv: $(VENV)/.installed
 
@@ -41,6 +41,15 @@ test: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 ## Only the fault suite (kill -9, SIGTERM, Redis restart, poison input), with its summary lines.
 test-faults: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	$(PY) -m pytest -q -s -m faults
+
+## Export, quantize and gate the configured checkpoint ahead of time (TOXFLEET_CHECKPOINT/HF_CONFIG or MODEL).
+export: venv
+	$(PY) -m worker.export
+
+## Raw per-backend throughput, load time, memory and fidelity on the synthetic full-size unbiased-small.
+bench-backends: venv $(MODELS)/unbiased-small/model.ckpt
+	TOXFLEET_CHECKPOINT=$(abspath $(MODELS))/unbiased-small/model.ckpt \
+	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf $(PY) bench/backends.py $(BENCH_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -144,8 +144,8 @@ def _child(index: int, name: str, spec: dict[str, Any], threads: int, texts: lis
             rows, stats = scorer.score(texts)
             times.append(time.perf_counter() - t)
             scores = [[r[label] for label in backend.labels] for r in rows]
-        queue.put({"ok": True, "index": index, "times": times, "load_s": load, "ready_s": ready, "rss_loaded_mb": rss_loaded,
-                   "rss_peak_mb": _rss_mb("VmHWM"), "scores": scores,
+        queue.put({"ok": True, "index": index, "times": times, "load_s": load, "ready_s": ready,
+                   "rss_loaded_mb": rss_loaded, "rss_peak_mb": _rss_mb("VmHWM"), "scores": scores,
                    "tokens": stats.tokens, "padded_tokens": stats.padded_tokens, "passes": stats.passes})
     except Exception as exc:
         barrier.abort()
@@ -313,7 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     if "TOXFLEET_CHECKPOINT" not in os.environ and (models / "model.ckpt").is_file():
         os.environ["TOXFLEET_CHECKPOINT"] = str(models / "model.ckpt")
         os.environ["TOXFLEET_HF_CONFIG"] = str(models / "hf")
-    os.environ.setdefault("TOXFLEET_EXPORT_DIR", str(ROOT / "var" / "exports"))
     from toxfleet.corpus import CommentCorpus
     from worker.cpus import cpu_model_name, kernel_signature
     from worker.export import export_location
@@ -375,7 +374,8 @@ def _table(layout: str, processes: int, threads: int, rows: dict[str, dict[str, 
         print(f"| {name} | {row['median']:.2f} ({row['min']:.2f}-{row['max']:.2f}) | {row['median'] / cores:.2f} "
               f"| {row['median'] / ref_rate:.2f} | {worst:.2e} | {flips:.1%} | {row['load_s']:.2f} "
               f"| {row['rss_loaded_mb']:.0f} / {row['rss_peak_mb']:.0f} | {gops:.0f} "
-              f"| {100 * gops / peak['fp32 AVX-512 (2 FMA)']:.0f} | {100 * gops / peak['int8 AVX-512 VNNI (2 ports)']:.0f} "
+              f"| {100 * gops / peak['fp32 AVX-512 (2 FMA)']:.0f} "
+              f"| {100 * gops / peak['int8 AVX-512 VNNI (2 ports)']:.0f} "
               f"| {100 * gops / peak['int8 AMX']:.1f} |")
         table[name] = {k: v for k, v in row.items() if k != "scores"} | {
             "ratio": row["median"] / ref_rate, "max_abs": worst, "flip_fraction": flips, "useful_gops": gops,

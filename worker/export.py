@@ -361,7 +361,7 @@ def ensure_export(settings: WorkerSettings, force: bool = False, recipe: Int8Rec
                 return directory
             print(f"toxfleet export: int8 recipe changed; rebuilding {directory}", file=sys.stderr)
         except ExportError as exc:
-            print(f"toxfleet export: {exc}; building", file=sys.stderr)
+            print(f"toxfleet export: {str(exc).replace('; ' + REBUILD_HINT, '')}; building", file=sys.stderr)
     return build_export(settings, recipe, directory)
 
 
