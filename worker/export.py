@@ -261,10 +261,15 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> No
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # The quantizer logs a hint about static-quantization pre-processing on the root logger; it does
-    # not apply to dynamic quantization.
-    logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=recipe.per_channel,
-                     reduce_range=recipe.reduce_range, op_types_to_quantize=list(recipe.op_types))
+    # not apply to dynamic quantization. Quiet it for this call only.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=recipe.per_channel,
+                         reduce_range=recipe.reduce_range, op_types_to_quantize=list(recipe.op_types))
+    finally:
+        root.setLevel(level)
 
 
 def check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) -> float:
@@ -372,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if the export is current")
     parser.add_argument("--no-gate", action="store_true", help="skip the fidelity gate and the auto decision")
     parser.add_argument("--texts", type=int, default=None, help="gate corpus size (default: worker.fidelity's)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="export root, as TOXFLEET_EXPORT_DIR (workers must then be given the same value)")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        os.environ["TOXFLEET_EXPORT_DIR"] = str(args.out)
     settings = WorkerSettings()
     if args.check:
         try:

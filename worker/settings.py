@@ -30,7 +30,7 @@ class WorkerSettings(BaseSettings):
     checkpoint: Path | None = Field(None, description="Detoxify-format .ckpt to load instead of downloading.")
     hf_config: Path | None = Field(None, description="Directory with the HF config and tokenizer (offline).")
     backend: str = Field(
-        "auto",
+        "torch",
         description="Inference backend: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, "
                     "`torch-bf16`, `onnx`, `onnx-int8`, or `auto`: the fastest backend that passed the fidelity "
                     "gate for this checkpoint on this CPU (`python -m worker.export` decides; without a decision "
