@@ -259,3 +259,13 @@ def test_unknown_backend_name_is_rejected() -> None:
     """A typo in TOXFLEET_BACKEND fails at settings time, listing the known backends."""
     with pytest.raises(ValueError, match="onnx-int8"):
         WorkerSettings(backend="onnx_int8")
+
+
+def test_kernel_signature_keeps_only_kernel_relevant_flags(tmp_path: Path) -> None:
+    """The decision key lists the ISA flags that change kernels, in a fixed order, and ignores the rest."""
+    from worker.cpus import cpu_flags, kernel_signature
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 amx_int8 avx2 avx512_vnni hypervisor\n")
+    assert kernel_signature(cpu_flags(cpuinfo)) == "avx2,avx512_vnni,amx_int8"
+    assert kernel_signature(set()) == "baseline"
