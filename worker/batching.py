@@ -78,6 +78,10 @@ class BatchTask(Task):  # type: ignore[misc]
     def cost(self, args: Any, kwargs: Any) -> int:
         return 1
 
+    def on_batch_lost(self, batch_id: str, task_ids: list[str]) -> None:
+        """Undo what a batch whose pool process died still holds, before its requests are retried
+        (main process). Raising leaves them unacked, for Redis to redeliver."""
+
     def on_worker_lost(self, request: Request, reason: str) -> None:
         """Store a final failure for a request that exhausted its retries (main process)."""
         raise NotImplementedError
@@ -165,6 +169,14 @@ class BatchTask(Task):  # type: ignore[misc]
             reason = f"worker process lost while scoring: {einfo.exception!r}"
             logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason,
                          extra={"batch_id": batch_id, "task_ids": [r.id for r in batch]})
+            try:
+                self.on_batch_lost(batch_id, [r.id for r in batch])
+            except Exception:
+                logger.exception("batch %s: could not release it; its requests wait for redelivery", batch_id)
+                for r in batch:
+                    task_ready(r)
+                self._flush()
+                return
             for r in batch:
                 self._retry_or_fail(r, reason)
             self._flush()

@@ -17,6 +17,49 @@ from celery import states
 
 FINAL_STATES = frozenset({states.SUCCESS, states.FAILURE})
 
+LEASE_PREFIX = "toxfleet:lease:"
+"""Redis key prefix of the lease a batch takes on each request it scores (value: the batch id)."""
+
+# Atomically, per request: already final -> "final"; else take its lease (NX) and store STARTED ->
+# "claimed"; else another batch is scoring it right now -> "busy". KEYS: n result keys, then n lease
+# keys. ARGV: batch id, lease seconds, result seconds (0: no expiry), then n STARTED metas.
+_CLAIM = """
+local n = #KEYS / 2
+local out = {}
+for i = 1, n do
+  local value = redis.call('GET', KEYS[i])
+  local final = false
+  if value then
+    local ok, meta = pcall(cjson.decode, value)
+    final = ok and (meta['status'] == 'SUCCESS' or meta['status'] == 'FAILURE')
+  end
+  if final then
+    out[i] = 'final'
+  elseif redis.call('SET', KEYS[n + i], ARGV[1], 'NX', 'EX', ARGV[2]) then
+    if tonumber(ARGV[3]) > 0 then
+      redis.call('SETEX', KEYS[i], ARGV[3], ARGV[3 + i])
+    else
+      redis.call('SET', KEYS[i], ARGV[3 + i])
+    end
+    out[i] = 'claimed'
+  else
+    out[i] = 'busy'
+  end
+end
+return out
+"""
+
+# Drop the leases a batch holds (only its own): KEYS lease keys, ARGV[1] batch id.
+_RELEASE = """
+local released = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    released = released + redis.call('DEL', KEYS[i])
+  end
+end
+return released
+"""
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -42,29 +85,37 @@ class ResultStore:
         key: bytes = self._backend.get_key_for_task(task_id)
         return key
 
-    def states(self, task_ids: Sequence[str]) -> list[str | None]:
-        """Stored state per task id (None when nothing is stored), in one MGET."""
-        if not task_ids:
-            return []
-        raw = self._backend.client.mget([self._key(t) for t in task_ids])
-        return [None if value is None else self._backend.decode(value).get("status") for value in raw]
-
     def _write(self, entries: Iterable[tuple[str, dict[str, Any]]]) -> None:
         with self._backend.client.pipeline(transaction=False) as pipe:
             for task_id, meta in entries:
                 key = self._key(task_id)
                 value = self._backend.encode({**meta, "task_id": task_id})
                 if self._expires:
-                    pipe.setex(key, self._expires, value)
+                    pipe.set(key, value, ex=self._expires)
                 else:
                     pipe.set(key, value)
                 pipe.publish(key, value)
             pipe.execute()
 
-    def mark_started(self, task_ids: Sequence[str], extra: dict[str, Any]) -> None:
-        """Record that these requests are being scored now (the API reports them as running)."""
-        self._write((t, {"status": states.STARTED, "result": None, "traceback": None, "children": [],
-                         "date_done": None, **extra}) for t in task_ids)
+    def claim(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int,
+              extra: dict[str, Any]) -> list[str]:
+        """Take the requests this batch will score, in one atomic round trip: per task id "claimed"
+        (leased to this batch and stored as STARTED, which the API reports as running), "final" (a
+        result is already stored: a redelivery) or "busy" (another batch holds its lease: a
+        concurrent redelivery, whose own message stays unacked until that batch stores a result)."""
+        if not task_ids:
+            return []
+        metas = [self._backend.encode({"status": states.STARTED, "result": None, "traceback": None, "children": [],
+                                       "date_done": None, **extra, "task_id": t}) for t in task_ids]
+        keys = [self._key(t) for t in task_ids] + [LEASE_PREFIX + t for t in task_ids]
+        answer = self._backend.client.eval(_CLAIM, len(keys), *keys, batch_id, lease_seconds, self._expires or 0,
+                                           *metas)
+        return [a.decode() if isinstance(a, bytes) else str(a) for a in answer]
+
+    def release(self, task_ids: Sequence[str], batch_id: str) -> None:
+        """Give up this batch's leases (its pool process died), so a retry can claim the requests."""
+        if task_ids:
+            self._backend.client.eval(_RELEASE, len(task_ids), *[LEASE_PREFIX + t for t in task_ids], batch_id)
 
     def store(self, outcomes: Sequence[Outcome], extra: dict[str, Any]) -> None:
         """Record final results and failures, and wake anyone waiting on them."""
@@ -76,3 +127,6 @@ class ResultStore:
                     "date_done": now, **extra}
 
         self._write((o.task_id, meta(o)) for o in outcomes)
+        # Leases expire by themselves; dropping them now just keeps Redis tidy.
+        if outcomes:
+            self._backend.client.delete(*[LEASE_PREFIX + o.task_id for o in outcomes])

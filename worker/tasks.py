@@ -11,7 +11,7 @@ from toxfleet import contract
 from worker import lifecycle, metrics
 from worker.batching import BatchTask
 from worker.celery_app import app
-from worker.results import FINAL_STATES, Outcome, ResultStore
+from worker.results import Outcome, ResultStore
 from worker.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,9 @@ class ScoreTask(BatchTask):
     def cost(self, args: Any, kwargs: Any) -> int:
         return sum(contract.estimate_tokens(t) for t in args[0])
 
+    def on_batch_lost(self, batch_id: str, task_ids: list[str]) -> None:
+        ResultStore(self.backend).release(task_ids, batch_id)
+
     def on_worker_lost(self, request: Any, reason: str) -> None:
         ResultStore(self.backend).store([Outcome(request.id, error=RuntimeError(reason))], {})
         metrics.count_failures("worker_lost")
@@ -67,17 +70,18 @@ class ScoreTask(BatchTask):
         outcomes: dict[str, dict[str, Any]] = {}
         texts: dict[str, list[str]] = {}
         failed: list[Outcome] = []
-        # A redelivered request whose result is already stored is not scored twice.
-        for req, state in zip(requests, store.states([r["id"] for r in requests]), strict=True):
-            if state in FINAL_STATES:
-                outcomes[req["id"]] = {"state": "SKIPPED", "summary": "already stored"}
+        # A redelivered request is never scored twice: not after its result is stored ("final"),
+        # nor while another batch scores it ("busy"; the lease lasts as long as a delivery may).
+        claims = store.claim([r["id"] for r in requests], batch_id, settings.visibility_timeout, extra)
+        for req, claim in zip(requests, claims, strict=True):
+            if claim != "claimed":
+                outcomes[req["id"]] = {"state": "SKIPPED", "summary": f"duplicate delivery ({claim})"}
                 continue
             try:
                 texts[req["id"]] = validate(req["args"], req["kwargs"], settings.max_texts, settings.max_text_chars)
             except ValueError as exc:
                 logger.warning("request %s rejected: %s", req["id"], exc, extra={"task_id": req["id"]})
                 failed.append(Outcome(req["id"], error=exc))
-        store.mark_started(list(texts), extra)
 
         done = self._score(scorer, texts, batch_id)
         store.store(done + failed, extra)
