@@ -6,7 +6,9 @@ that library was measured to hurt a latency-sensitive model server:
 - **No flush timer.** A batch is handed to a pool process as soon as one is free, holding whatever is
   buffered then (continuous batching, as TEI and Triton do): an idle fleet adds no wait, a busy one
   batches by itself. There is no timer to die on a broker reconnect (celery-batches #107).
-- **Token budget.** A flush takes buffered requests up to an estimated token budget, not a count.
+- **Token budget.** A flush takes buffered requests up to an estimated token budget, not a count,
+  and when several pool processes are idle at once the buffer is shared out between them rather
+  than handed whole to the first.
 - **Failures stay per request.** The pool side writes every request's own outcome; the main process
   acks each request only after its outcome is stored.
 - **Worker loss is handled.** If the pool process dies mid-batch, each request is re-published with
@@ -124,10 +126,10 @@ class BatchTask(Task):  # type: ignore[misc]
     def _concurrency(self) -> int:
         return int(getattr(self._pool, "num_processes", None) or getattr(self._pool, "limit", 1) or 1)
 
-    def _take(self) -> list[Request]:
-        """Requests for one pool call: up to the token budget; a retried request alone."""
+    def _take(self, budget: int) -> list[Request]:
+        """Requests for one pool call: up to `budget` estimated tokens (at least one request); a
+        retried request alone."""
         batch: list[Request] = []
-        budget = self.batch_tokens
         while self._buffer:
             req, cost = self._buffer[0]
             retried = req.request_dict.get("retries", 0) > 0
@@ -142,7 +144,9 @@ class BatchTask(Task):  # type: ignore[misc]
 
     def _flush(self) -> None:
         while self._buffer and len(self._in_flight) < self._concurrency():
-            self._dispatch(self._take())
+            idle = self._concurrency() - len(self._in_flight)
+            waiting = sum(cost for _, cost in self._buffer)
+            self._dispatch(self._take(min(self.batch_tokens, -(-waiting // idle))))
 
     def _dispatch(self, batch: list[Request]) -> None:
         batch_id = uuid()[:12]

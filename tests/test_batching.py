@@ -1,0 +1,84 @@
+"""How the worker's main process forms batches (pure logic: a stand-in pool records what it is given)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.batching import BatchTask
+
+
+@dataclass
+class _Request:
+    id: str
+    args: list[Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    request_dict: dict[str, Any] = field(default_factory=dict)
+
+
+class _Pool:
+    def __init__(self, processes: int) -> None:
+        self.num_processes = processes
+        self.calls: list[list[str]] = []
+
+    def apply_async(self, fn: Any, args: tuple[Any, ...], **_: Any) -> None:
+        self.calls.append([r["id"] for r in args[2]])
+
+
+def _task(processes: int, batch_tokens: int) -> tuple[BatchTask, _Pool]:
+    task = BatchTask()
+    pool = _Pool(processes)
+    task._pool = pool
+    task.batch_tokens = batch_tokens
+    return task, pool
+
+
+def _buffer(task: BatchTask, costs: list[int], retries: dict[int, int] | None = None) -> None:
+    for i, cost in enumerate(costs):
+        req = _Request(f"r{i}", [["x"]], request_dict={"retries": (retries or {}).get(i, 0)})
+        task._buffer.append((req, cost))  # type: ignore[arg-type]
+
+
+def test_idle_processes_share_the_buffer() -> None:
+    """Two idle processes and ten waiting requests: each gets about half, not one all of it."""
+    task, pool = _task(2, batch_tokens=10_000)
+    _buffer(task, [100] * 10)
+    task._flush()
+    assert [len(c) for c in pool.calls] == [5, 5]
+
+
+def test_budget_caps_a_batch() -> None:
+    """A busy buffer is cut into batches of at most batch_tokens (one process free at a time)."""
+    task, pool = _task(1, batch_tokens=300)
+    _buffer(task, [100] * 10)
+    task._flush()
+    assert pool.calls == [["r0", "r1", "r2"]]
+    assert len(task._buffer) == 7
+
+
+def test_no_dispatch_while_every_process_is_busy() -> None:
+    """With as many batches in flight as processes, requests wait in the buffer."""
+    task, pool = _task(2, batch_tokens=1000)
+    task._in_flight.update({"a", "b"})
+    _buffer(task, [100] * 3)
+    task._flush()
+    assert pool.calls == [] and len(task._buffer) == 3
+
+
+def test_a_retried_request_runs_alone() -> None:
+    """A request re-published after its pool process died is scored in a batch of its own."""
+    task, pool = _task(1, batch_tokens=10_000)
+    _buffer(task, [10, 10, 10], retries={1: 1})
+    task._flush()
+    assert pool.calls == [["r0"]]
+    task._in_flight.clear()
+    task._flush()
+    assert pool.calls[-1] == ["r1"]
+
+
+def test_an_oversized_request_still_goes() -> None:
+    """A request over the budget is not stuck: it forms a batch of one."""
+    task, pool = _task(1, batch_tokens=100)
+    _buffer(task, [500, 10])
+    task._flush()
+    assert pool.calls == [["r0"]]
