@@ -51,6 +51,15 @@ bench-backends: venv $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_CHECKPOINT=$(abspath $(MODELS))/unbiased-small/model.ckpt \
 	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf $(PY) bench/backends.py $(BENCH_ARGS)
 
+## Benchmark on this machine's cores: the existing design vs the raw model ceiling vs toxfleet, both
+## architectures; writes docs/benchmarks.md, its plots and raw results (minutes; run on a quiet machine).
+bench: venv $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt
+	$(PY) -m bench.run --models-dir $(MODELS)
+
+## The benchmark's smoke version (tiny model, about a minute): writes var/bench-quick.md.
+bench-quick: venv $(MODELS)/tiny/model.ckpt
+	$(PY) -m bench.run --quick --models-dir $(MODELS)
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

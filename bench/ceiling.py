@@ -1,0 +1,211 @@
+"""The raw model ceiling: the model in a tight loop, no server, on the same cores.
+
+N processes x 1 torch thread (N = the physical cores, as the worker fleet runs), each scoring its own
+slice of the corpus with the project's `worker.scorer.Scorer` over `worker.backend`'s torch model:
+tokenize, sort by length, cut into forward passes. All processes start together on a barrier; the
+ceiling is texts scored / wall time from the first start to the last finish. The pass size is swept
+and the best one repeated, because the best size is a property of the machine: that best figure is
+the number no server with this backend can beat on these cores.
+
+For reference it also times what the existing service does per request, `Detoxify.predict([text])`,
+one text at a time, in the same N processes.
+
+Run alone: `python -m bench.ceiling --checkpoint models/unbiased-small/model.ckpt --hf models/unbiased-small/hf`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.roofline import Architecture
+
+PASS_TEXTS_SWEEP = (1, 4, 8, 16, 32)
+"""Texts per forward pass tried (token cap lifted, so the count alone decides)."""
+
+UNCAPPED_TOKENS = 65_536
+"""A padded-token cap no sweep pass reaches."""
+
+READY_TIMEOUT = 300.0
+"""Seconds a process may take to load the model before the ceiling run gives up."""
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    """How the scorer cuts passes; `reference` means plain `Detoxify.predict([text])` per text instead."""
+
+    label: str
+    pass_texts: int
+    pass_tokens: int
+    reference: bool = False
+
+
+def sweep_configs(worker_tokens: int, worker_texts: int, sweep: Sequence[int] = PASS_TEXTS_SWEEP) -> list[PassConfig]:
+    configs = [PassConfig(f"sorted, {n} per pass", n, UNCAPPED_TOKENS) for n in sweep]
+    configs.append(PassConfig(f"sorted, worker caps ({worker_texts} texts / {worker_tokens} padded tokens)",
+                              worker_texts, worker_tokens))
+    return configs
+
+
+REFERENCE = PassConfig("Detoxify.predict([text]), one at a time", 1, UNCAPPED_TOKENS, reference=True)
+
+
+def _child(rank: int, checkpoint: str, hf: str, texts: list[str], reference_texts: list[str],
+           length_texts: list[str], commands: Any, results: Any, barrier: Any) -> None:
+    # One intra-op thread per process, set before torch is imported (the worker fleet's layout).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+
+    from worker.backend import TorchBackend, load_detoxify
+    from worker.scorer import Scorer
+    from worker.settings import WorkerSettings
+
+    torch.set_num_threads(1)
+    settings = WorkerSettings(checkpoint=Path(checkpoint), hf_config=Path(hf), torch_threads=1)
+    detoxify = load_detoxify(settings)
+    backend = TorchBackend(detoxify, settings.model_identity)
+    lengths = [len(ids) for ids in backend.tokenize(length_texts)] if length_texts else []
+    tokens = [len(ids) for ids in backend.tokenize(texts)]
+    Scorer(backend, UNCAPPED_TOKENS, 8).score(texts[:8])  # warm up allocator and kernels
+    results.put(("ready", rank, lengths))
+    while True:
+        cfg = commands.get()
+        if cfg is None:
+            return
+        barrier.wait()
+        start = time.monotonic()
+        if cfg.reference:
+            for text in reference_texts:
+                detoxify.predict([text])
+            passes = [[n] for n in tokens[:len(reference_texts)]]
+            n, real = len(reference_texts), sum(tokens[:len(reference_texts)])
+            padded = real
+        else:
+            _, stats = Scorer(backend, cfg.pass_tokens, cfg.pass_texts).score(texts)
+            n, real, padded = stats.texts, stats.tokens, stats.padded_tokens
+        end = time.monotonic()
+        if not cfg.reference:
+            passes = _pass_lengths(tokens, cfg)
+        results.put(("done", rank, {"start": start, "end": end, "texts": n, "tokens": real, "padded": padded,
+                                    "passes": passes}))
+
+
+def _pass_lengths(tokens: Sequence[int], cfg: PassConfig) -> list[list[int]]:
+    from worker.scorer import plan_passes
+
+    return [[tokens[i] for i in group] for group in plan_passes(tokens, cfg.pass_tokens, cfg.pass_texts)]
+
+
+class Ceiling:
+    """N model processes that run pass configurations on command, all at once."""
+
+    def __init__(self, checkpoint: Path, hf: Path, corpus: Sequence[str], processes: int, per_process: int,
+                 reference_per_process: int, length_texts: Sequence[str] = ()) -> None:
+        self.arch = Architecture.from_hf_config(hf)
+        self.processes = processes
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._commands = [ctx.Queue() for _ in range(processes)]
+        barrier = ctx.Barrier(processes)
+        self._procs = []
+        for rank in range(processes):
+            mine = list(corpus[rank::processes][:per_process])
+            proc = ctx.Process(target=_child, daemon=True, args=(
+                rank, str(checkpoint), str(hf), mine, mine[:reference_per_process],
+                list(length_texts) if rank == 0 else [], self._commands[rank], self._results, barrier))
+            proc.start()
+            self._procs.append(proc)
+        self.lengths: list[int] = []
+        for _ in range(processes):
+            kind, _rank, lengths = self._results.get(timeout=READY_TIMEOUT)
+            if kind != "ready":
+                raise RuntimeError(f"ceiling process sent {kind!r} before it was ready")
+            self.lengths.extend(lengths)
+
+    def run(self, cfg: PassConfig) -> dict[str, Any]:
+        """Run one configuration in every process at once; texts/s, tokens/s and GFLOP/s overall."""
+        for q in self._commands:
+            q.put(cfg)
+        parts = [self._results.get(timeout=READY_TIMEOUT)[2] for _ in range(self.processes)]
+        wall = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+        texts = sum(p["texts"] for p in parts)
+        useful = executed = 0.0
+        for p in parts:
+            for lengths in p["passes"]:
+                u, e = self.arch.pass_flops(lengths)
+                useful += u
+                executed += e
+        return {"seconds": wall, "texts": texts, "texts_per_s": texts / wall,
+                "tokens_per_s": sum(p["tokens"] for p in parts) / wall,
+                "padded_tokens_per_s": sum(p["padded"] for p in parts) / wall,
+                "useful_gflops": useful / wall / 1e9, "executed_gflops": executed / wall / 1e9}
+
+    def close(self) -> None:
+        for q in self._commands:
+            q.put(None)
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+
+
+def measure(checkpoint: Path, hf: Path, corpus: Sequence[str], processes: int, per_process: int,
+            reference_per_process: int, repeats: int, worker_tokens: int, worker_texts: int,
+            length_texts: Sequence[str] = (), sweep: Sequence[int] = PASS_TEXTS_SWEEP,
+            log: Any = print) -> dict[str, Any]:
+    """Sweep pass sizes once, repeat the best `repeats - 1` more times, time the reference."""
+    ceiling = Ceiling(checkpoint, hf, corpus, processes, per_process, reference_per_process, length_texts)
+    try:
+        configs: list[dict[str, Any]] = []
+        for cfg in sweep_configs(worker_tokens, worker_texts, sweep):
+            run = ceiling.run(cfg)
+            log(f"  ceiling {cfg.label}: {run['texts_per_s']:.2f} texts/s, {run['useful_gflops']:.1f} GFLOP/s")
+            configs.append({"config": asdict(cfg), "runs": [run]})
+        best = max(configs, key=lambda c: c["runs"][0]["texts_per_s"])
+        for _ in range(repeats - 1):
+            run = ceiling.run(PassConfig(**best["config"]))
+            log(f"  ceiling {best['config']['label']} (repeat): {run['texts_per_s']:.2f} texts/s")
+            best["runs"].append(run)
+        reference: dict[str, Any] = {"config": asdict(REFERENCE), "runs": []}
+        if reference_per_process:
+            for _ in range(max(1, repeats - 1)):
+                run = ceiling.run(REFERENCE)
+                log(f"  ceiling {REFERENCE.label}: {run['texts_per_s']:.2f} texts/s")
+                reference["runs"].append(run)
+        return {"processes": processes, "threads_per_process": 1, "texts_per_process": per_process,
+                "configs": configs, "best": best["config"]["label"], "reference": reference,
+                "lengths": ceiling.lengths, "architecture": asdict(ceiling.arch),
+                "flops_per_token": ceiling.arch.flops_per_token()}
+    finally:
+        ceiling.close()
+
+
+def main() -> None:
+    from bench.roofline import usable_cores
+    from toxfleet.corpus import CommentCorpus
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--hf", type=Path, required=True)
+    parser.add_argument("--processes", type=int, default=usable_cores())
+    parser.add_argument("--per-process", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    corpus = CommentCorpus().texts(args.processes * args.per_process)
+    result = measure(args.checkpoint, args.hf, corpus, args.processes, args.per_process, args.per_process // 2,
+                     args.repeats, 2048, 32)
+    result.pop("lengths")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

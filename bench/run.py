@@ -1,0 +1,359 @@
+"""Run the whole benchmark and write its results and report: `python -m bench.run [--quick]`.
+
+For each model: the raw model ceiling first (no server), then the baseline alone on the cores, then
+toxfleet alone on the same cores, under the same seeded corpus and the same loads:
+
+- closed loop at each client count (each client sends its next text when the previous answer came);
+- open loop at fixed Poisson arrival rates, fractions of the capacity just measured for that system
+  (its throughput at the highest client count).
+
+Each point is several consecutive windows of the same load; every figure is reported as the median
+of the windows with its range. `--rounds N` repeats baseline-then-toxfleet N times (services
+restarted), which adds their windows to the same points. Raw results go to a JSON file, which
+`bench.report` renders as tables and plots (`python -m bench.report <results.json>` re-renders).
+
+`--quick` is the smoke version CI can run: the tiny checkpoint, short windows, a few seconds a point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import ceiling as ceiling_mod
+from bench import load, report
+from bench.cpu import CpuMeter, CpuSnapshot
+from bench.measurement import batch_summary, log_size, window_figures
+from bench.roofline import cpu_peak, usable_cores
+from bench.services import ROOT, Service, start_baseline, start_redis, start_toxfleet
+from bench.stats import Spread, distribution
+from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much to measure for one model."""
+
+    clients: tuple[int, ...]
+    """Closed-loop client counts; the last is the saturation point that defines capacity."""
+    open_loads: tuple[float, ...]
+    """Open-loop arrival rates as fractions of the capacity measured in the same round."""
+    windows: int
+    """Measurement windows per point (the repeats each figure's median and range come from)."""
+    window: float
+    """Seconds per window (a closed-loop window stretches to the warm-up's median latency)."""
+    warmup: float
+    """Least seconds of load before the first window."""
+    corpus: int
+    """Distinct texts the load cycles through."""
+    ceiling_per_process: int
+    """Texts each ceiling process scores per configuration."""
+    ceiling_reference: int
+    """Texts each ceiling process scores one at a time with plain `Detoxify.predict`."""
+    ceiling_repeats: int
+    """Runs of the best ceiling configuration."""
+    ceiling_sweep: tuple[int, ...] = ceiling_mod.PASS_TEXTS_SWEEP
+    """Texts per forward pass the ceiling tries."""
+    toxfleet_modes: tuple[str, ...] = ("compat", "jobs")
+    """toxfleet's endpoints measured in the closed loop."""
+    open_modes: tuple[str, ...] = ("baseline", "jobs")
+    """Modes also measured in the open loop."""
+    open_deadline: float = 60.0
+    """Seconds an open-loop request may take before it counts as a timeout."""
+
+
+PROFILES: dict[str, Profile] = {
+    "full": Profile(clients=(1, 10, 100), open_loads=(0.5, 1.0, 2.0), windows=3, window=10.0, warmup=5.0,
+                    corpus=3000, ceiling_per_process=48, ceiling_reference=16, ceiling_repeats=3),
+    # For the second architecture: the saturation and single-client points only.
+    "reduced": Profile(clients=(1, 100), open_loads=(), windows=3, window=10.0, warmup=5.0, corpus=3000,
+                       ceiling_per_process=48, ceiling_reference=16, ceiling_repeats=2, toxfleet_modes=("jobs",)),
+    "quick": Profile(clients=(1, 20), open_loads=(2.0,), windows=1, window=3.0, warmup=1.0, corpus=500,
+                     ceiling_per_process=32, ceiling_reference=16, ceiling_repeats=1, ceiling_sweep=(1, 8),
+                     open_deadline=20.0),
+}
+
+DEFAULT_MODELS = {"full": "unbiased-small:full,original:reduced", "quick": "tiny:quick"}
+
+SETTLE_CPU = 0.3
+"""Cores a service may still use for the next point to start (leftover work from the last one)."""
+
+SETTLE_TIMEOUT = 90.0
+"""Longest wait for a service to go quiet between points."""
+
+WARMUP_ATTEMPTS = 30
+"""Rounds of warm-up requests a freshly started service gets to answer all of them."""
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_checkpoint(models_dir: Path, kind: str) -> tuple[Path, Path]:
+    ckpt = models_dir / kind / "model.ckpt"
+    if not ckpt.is_file():
+        log(f"building synthetic checkpoint {kind} in {models_dir}")
+        subprocess.run([sys.executable, "-m", "worker.synthetic", kind, "--out", str(models_dir)], check=True,
+                       cwd=ROOT)
+    return ckpt, ckpt.parent / "hf"
+
+
+def environment(cores: int, clock_ghz: float | None, fma_units: int) -> dict[str, Any]:
+    """What the numbers depend on: hardware, peak, versions, commit, knobs."""
+    versions = {}
+    for pkg in ("torch", "detoxify", "transformers", "celery", "fastapi", "uvicorn", "gunicorn", "aiohttp", "redis"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = "not installed"
+    try:
+        redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        redis_version = "not found"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=ROOT)
+    from api.settings import ApiSettings
+    from worker.settings import WorkerSettings
+
+    worker = WorkerSettings().model_dump(include={"pass_tokens", "pass_texts", "batch_tokens", "prefetch_multiplier",
+                                                  "torch_threads", "backend"})
+    api = ApiSettings().model_dump(include={"max_queue_depth", "compat_timeout", "max_wait"})
+    return {
+        "python": platform.python_version(), "platform": platform.platform(), "versions": versions,
+        "redis_server": redis_version,
+        "commit": commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else ""),
+        "cores": cores, "cpu": cpu_peak(cores, clock_ghz, fma_units).as_dict(),
+        "worker_settings": worker, "api_settings": api,
+        "toxfleet_env": {k: v for k, v in os.environ.items() if k.startswith("TOXFLEET_")},
+        "loadavg_start": os.getloadavg(),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "bench.run", *sys.argv[1:]]),
+    }
+
+
+class Bench:
+    """One benchmark run: measures points against whichever service is up, collects results."""
+
+    def __init__(self, profile: Profile, corpus: list[str], cores: int, seed: int) -> None:
+        self.profile = profile
+        self.corpus = corpus
+        self.cores = cores
+        self.seed = seed
+
+    # -- one point -----------------------------------------------------------------------------
+
+    def closed(self, url: str, mode: str, clients: int, meter: CpuMeter, worker_log: Path | None) -> dict[str, Any]:
+        p = self.profile
+
+        failures: Counter[str] = Counter()
+
+        async def go() -> load.LoadRun:
+            async with load.session(clients + 4) as s:
+                call = load.Caller(s, url, mode)
+                try:
+                    return await load.closed_loop(call, self.corpus, clients, p.warmup, p.windows, p.window,
+                                                  meter.snapshot)
+                finally:
+                    failures.update(call.failures)
+
+        return self._point(go, "closed", mode, {"clients": clients}, "end", worker_log, failures)
+
+    def open(self, url: str, mode: str, fraction: float, capacity: float, meter: CpuMeter,
+             worker_log: Path | None) -> dict[str, Any]:
+        p = self.profile
+        rate = fraction * capacity
+
+        failures: Counter[str] = Counter()
+
+        async def go() -> load.LoadRun:
+            async with load.session(load.DEFAULT_MAX_IN_FLIGHT) as s:
+                call = load.Caller(s, url, mode, deadline=p.open_deadline)
+                try:
+                    return await load.open_loop(call, self.corpus, rate, p.warmup, p.windows, p.window,
+                                                meter.snapshot, seed=self.seed)
+                finally:
+                    failures.update(call.failures)
+
+        return self._point(go, "open", mode, {"load": fraction, "rate": rate, "capacity": capacity}, "start",
+                           worker_log, failures)
+
+    def _point(self, go: Callable[[], Any], loop: str, mode: str, level: dict[str, Any], by: str,
+               worker_log: Path | None, failures: Counter[str]) -> dict[str, Any]:
+        offset = log_size(worker_log)
+        started = time.monotonic()
+        run: load.LoadRun = asyncio.run(go())
+        windows = []
+        for k in range(len(run.boundaries) - 1):
+            samples = load.in_window(run, k, by)
+            a: CpuSnapshot = run.probes[k]
+            b: CpuSnapshot = run.probes[k + 1]
+            windows.append(window_figures(samples, run.boundaries[k + 1] - run.boundaries[k], CpuMeter.between(a, b)))
+        point = {"loop": loop, "mode": mode, **level, "windows": windows,
+                 "warmup_seconds": run.boundaries[0], "seconds": time.monotonic() - started,
+                 "batches": batch_summary(worker_log, offset) if worker_log else None,
+                 "failures": dict(failures.most_common(10))}
+        tput = Spread.of([w["texts_per_s"] for w in windows])
+        p99 = Spread.of([w["p99"] for w in windows])
+        errors = sum(w["errors"] for w in windows)
+        refused = sum(w["counts"]["refused"] for w in windows)
+        log(f"    {loop:6} {mode:8} {_level(point):>12}: {tput.median:7.2f} texts/s "
+            f"(range {tput.low:.2f}-{tput.high:.2f}), p99 {p99.median:.3f}s, errors {errors}, refused {refused}")
+        for failure, count in failures.most_common(3):
+            log(f"      {count} x {failure}")
+        return point
+
+    # -- one system ----------------------------------------------------------------------------
+
+    def measure_system(self, system: str, url: str, modes: tuple[str, ...], service: Service,
+                       cpu_roots: list[int], worker_log: Path | None) -> list[dict[str, Any]]:
+        meter = CpuMeter(cpu_roots)
+        self._warm(url, modes[-1], service)
+        points: list[dict[str, Any]] = []
+        for mode in modes:
+            closed = []
+            for clients in self.profile.clients:
+                self._settle(meter, service)
+                closed.append(self.closed(url, mode, clients, meter, worker_log))
+            points.extend(closed)
+            capacity = Spread.of([w["texts_per_s"] for w in closed[-1]["windows"]]).median
+            if mode not in self.profile.open_modes or not capacity > 0:
+                continue
+            for fraction in self.profile.open_loads:
+                self._settle(meter, service)
+                points.append(self.open(url, mode, fraction, capacity, meter, worker_log))
+        for point in points:
+            point["system"] = system
+        return points
+
+    def _warm(self, url: str, mode: str, service: Service) -> None:
+        """Until the service answers a concurrent burst in full (every model process loaded)."""
+        n = 2 * self.cores
+
+        async def burst() -> list[tuple[str, int | None]]:
+            async with load.session(n) as s:
+                call = load.Caller(s, url, mode, deadline=60)
+                return list(await asyncio.gather(*(call(t) for t in self.corpus[:n])))
+
+        for _ in range(WARMUP_ATTEMPTS):
+            service.check_alive()
+            outcomes = asyncio.run(burst())
+            if all(o == load.OK for o, _ in outcomes):
+                return
+            time.sleep(1)
+        raise RuntimeError(f"{service.name} did not answer its warm-up requests: {outcomes}")
+
+    def _settle(self, meter: CpuMeter, service: Service) -> None:
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while time.monotonic() < deadline:
+            service.check_alive()
+            a = meter.snapshot()
+            time.sleep(1.0)
+            if CpuMeter.between(a, meter.snapshot()).service < SETTLE_CPU:
+                return
+        log(f"    {service.name} still busy after {SETTLE_TIMEOUT:.0f}s; measuring anyway")
+
+
+def _level(point: dict[str, Any]) -> str:
+    if point["loop"] == "closed":
+        return f"{point['clients']} clients"
+    return f"{point['load']:.0%} ({point['rate']:.1f}/s)"
+
+
+def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds: int, seed: int,
+              log_dir: Path) -> dict[str, Any]:
+    ckpt, hf = ensure_checkpoint(models_dir, kind)
+    corpus = CommentCorpus(seed).texts(profile.corpus)
+    from worker.settings import WorkerSettings
+
+    ws = WorkerSettings()
+    log(f"{kind}: raw model ceiling, {cores} processes x 1 thread")
+    ceiling = ceiling_mod.measure(ckpt, hf, corpus, cores, profile.ceiling_per_process, profile.ceiling_reference,
+                                  profile.ceiling_repeats, ws.pass_tokens, ws.pass_texts, length_texts=corpus,
+                                  sweep=profile.ceiling_sweep, log=log)
+    lengths = ceiling.pop("lengths")
+    entry: dict[str, Any] = {"checkpoint": str(ckpt), "profile": asdict(profile), "ceiling": ceiling,
+                             "tokens": distribution(lengths), "token_lengths": lengths, "points": []}
+    bench = Bench(profile, corpus, cores, seed)
+    for r in range(rounds):
+        log(f"{kind}: baseline (gunicorn, {cores} workers), round {r + 1}/{rounds}")
+        service, url = start_baseline(ckpt, hf, cores, log_dir / kind)
+        with service:
+            points = bench.measure_system("baseline", url, ("baseline",), service, service.pids, None)
+        log(f"{kind}: toxfleet (API + {cores} worker processes), round {r + 1}/{rounds}")
+        redis, redis_url = start_redis(log_dir / kind)
+        with redis:
+            service, url = start_toxfleet(ckpt, hf, cores, redis_url, log_dir / kind)
+            with service:
+                # Redis works for toxfleet: its CPU counts as the service's.
+                points += bench.measure_system("toxfleet", url, profile.toxfleet_modes, service,
+                                               service.pids + redis.pids, service.logs.get("worker"))
+        for point in points:
+            point["round"] = r
+        entry["points"].extend(points)
+    return entry
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny checkpoint, seconds per point")
+    parser.add_argument("--models", help="comma list of kind[:profile] (default: full: "
+                                         f"{DEFAULT_MODELS['full']}; quick: {DEFAULT_MODELS['quick']})")
+    parser.add_argument("--models-dir", type=Path, default=ROOT / "models")
+    parser.add_argument("--rounds", type=int, default=1, help="times baseline then toxfleet are started and measured")
+    parser.add_argument("--windows", type=int, help="override the profile's windows per point")
+    parser.add_argument("--window", type=float, help="override the profile's seconds per window")
+    parser.add_argument("--cores", type=int, default=None, help="processes per system (default: physical cores)")
+    parser.add_argument("--clock-ghz", type=float, default=None, help="CPU clock for the peak (default: /proc/cpuinfo)")
+    parser.add_argument("--fma-units", type=int, default=2, help="FMA units per core for the peak")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--out", type=Path, help="results JSON (default: docs/benchmarks/results.json; "
+                                                 "quick: var/bench-quick/results.json)")
+    parser.add_argument("--report", type=Path, help="markdown report (default: docs/benchmarks.md; "
+                                                    "quick: var/bench-quick.md)")
+    args = parser.parse_args(argv)
+
+    name = "quick" if args.quick else "full"
+    out = args.out or (ROOT / ("var/bench-quick/results.json" if args.quick else "docs/benchmarks/results.json"))
+    md = args.report or out.parent.parent / f"{out.parent.name}.md"
+    cores = args.cores or usable_cores()
+    log_dir = ROOT / "var" / "bench-logs" / time.strftime("%Y%m%d-%H%M%S")
+    results: dict[str, Any] = {"meta": {"profile": name, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                        "seed": args.seed, "rounds": args.rounds, "logs": str(log_dir),
+                                        **environment(cores, args.clock_ghz, args.fma_units)},
+                               "models": {}}
+    started = time.monotonic()
+    for item in (args.models or DEFAULT_MODELS[name]).split(","):
+        kind, _, profile_name = item.strip().partition(":")
+        profile = PROFILES[profile_name or name]
+        if args.windows:
+            profile = replace(profile, windows=args.windows)
+        if args.window:
+            profile = replace(profile, window=args.window)
+        results["models"][kind] = run_model(kind, profile, args.models_dir, cores, args.rounds, args.seed, log_dir)
+        _save(results, started, out)
+    _save(results, started, out)
+    report.render(results, md, out.parent, os.path.relpath(out, ROOT))
+    log(f"results: {out}; report: {md} ({time.monotonic() - started:.0f}s in all)")
+
+
+def _save(results: dict[str, Any], started: float, out: Path) -> None:
+    results["meta"]["seconds"] = time.monotonic() - started
+    results["meta"]["loadavg_end"] = os.getloadavg()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, allow_nan=True))
+
+
+if __name__ == "__main__":
+    main()

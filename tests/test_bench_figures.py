@@ -1,0 +1,160 @@
+"""The benchmark's arithmetic: percentiles and spreads, FLOP counts and peak, window figures, CPU
+accounting from /proc, batch log parsing, and the report's verdicts on the issue's targets."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import report
+from bench.cpu import CpuMeter, process_seconds, process_tree
+from bench.load import DROPPED, ERROR, OK, REFUSED, TIMEOUT, Sample
+from bench.measurement import batch_summary, window_figures
+from bench.roofline import Architecture, cpu_peak
+from bench.stats import Spread, cdf_points, distribution, percentile
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    """Percentiles match numpy's default (linear) definition; an empty sample gives NaN."""
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 100) == 5.0
+    assert percentile(values, 90) == pytest.approx(4.6)
+    assert math.isnan(percentile([], 50))
+
+
+def test_spread_and_ratio() -> None:
+    """A spread is median and range; a ratio divides medians and takes the widest range the two allow."""
+    a, b = Spread.of([10.0, 12.0, 11.0]), Spread.of([4.0, 5.0, 6.0])
+    assert (a.median, a.low, a.high, a.n) == (11.0, 10.0, 12.0, 3)
+    r = a.ratio(b)
+    assert r.median == pytest.approx(11 / 5)
+    assert r.low == pytest.approx(10 / 6) and r.high == pytest.approx(12 / 4)
+    assert math.isnan(Spread.of([]).median)
+
+
+def test_cdf_points_rise_to_one() -> None:
+    """A CDF is non-decreasing in both coordinates and ends at the largest value with fraction 1."""
+    points = cdf_points([float(x) for x in range(1000, 0, -1)], points=50)
+    assert points[-1] == (1000.0, 1.0)
+    assert all(a[0] <= b[0] and a[1] < b[1] for a, b in zip(points, points[1:], strict=False))
+    assert distribution([1, 2, 3])["p50"] == 2
+
+
+def test_bert_base_costs_170_mflop_per_token() -> None:
+    """BERT-base's matmuls are ~170 MFLOP per token; ALBERT-base runs the same layers plus its projection;
+    a padded pass executes more than it uses."""
+    bert = Architecture(12, 768, 3072, None)
+    albert = Architecture(12, 768, 3072, 128)
+    assert bert.flops_per_token() == pytest.approx(169.9e6, rel=0.01)
+    assert albert.flops_per_token() > bert.flops_per_token()
+    assert bert.flops(128) > 128 * bert.flops(1)  # attention grows with length squared
+    useful, executed = bert.pass_flops([10, 100])
+    assert useful == pytest.approx(bert.flops(10) + bert.flops(100))
+    assert executed == pytest.approx(2 * bert.flops(100))
+
+
+def test_cpu_peak_states_its_assumptions() -> None:
+    """Peak = cores x FMA units x lanes x 2 x clock, and the text says so."""
+    peak = cpu_peak(2, clock_ghz=2.5, fma_units=2)
+    lanes = peak.vector_bits // 32
+    assert peak.gflops == pytest.approx(2 * 2 * lanes * 2 * 2.5)
+    assert "FMA units assumed" in peak.assumptions and "2.50 GHz" in peak.assumptions
+
+
+def test_window_figures_keep_outcomes_apart() -> None:
+    """Throughput counts answers only; latency percentiles include timeouts but not refusals or drops."""
+    samples = [Sample(0, 0.1, OK), Sample(0, 0.2, OK), Sample(0, 9.0, TIMEOUT, None), Sample(0, 0.01, REFUSED, 429),
+               Sample(0, 0.5, ERROR, 503), Sample(1, 1, DROPPED)]
+    w = window_figures(samples, 2.0, None)
+    assert w["texts_per_s"] == 1.0
+    assert w["counts"] == {"ok": 2, "error": 1, "refused": 1, "timeout": 1, "dropped": 1}
+    assert w["errors"] == 2
+    assert w["p50"] == pytest.approx(0.2) and w["p99"] > 8.0
+    assert w["refused_p99"] == pytest.approx(0.01)
+    assert w["statuses"] == {"timeout:None": 1, "refused:429": 1, "error:503": 1}
+
+
+def test_batch_summary_reads_the_worker_log(tmp_path: Path) -> None:
+    """Batch sizes, texts per pass and padding efficiency come from the worker's batch lines after an offset."""
+    log = tmp_path / "worker.log"
+    log.write_text("[x] batch old: requests=9 texts=9 passes=9 tokens=9 padded=9 seconds=9.0\n")
+    offset = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("[INFO] batch ab12: requests=4 texts=4 passes=1 tokens=300 padded=400 seconds=0.500\n"
+                "[INFO] other line\n"
+                "[INFO] batch cd34: requests=2 texts=8 passes=2 tokens=100 padded=100 seconds=0.250\n")
+    s = batch_summary(log, offset)
+    assert s["batches"] == 2
+    assert s["texts_per_batch_mean"] == 6
+    assert s["texts_per_pass_mean"] == 4
+    assert s["padding_efficiency"] == pytest.approx(400 / 500)
+    assert s["model_seconds"] == pytest.approx(0.75)
+    assert batch_summary(tmp_path / "missing.log", 0) == {"batches": 0}
+
+
+def test_cpu_meter_counts_a_child_process_tree() -> None:
+    """CPU burnt by a grandchild of a service root counts as the service's, read from /proc."""
+    burner = "import time\nwhile time.process_time() < 0.5: pass\ntime.sleep(30)"
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burner!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", spawn])
+    try:
+        meter = CpuMeter([parent.pid])
+        a = meter.snapshot()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            tree = process_tree([parent.pid])
+            if len(tree) == 2 and sum(process_seconds(p) for p in tree) >= 0.5:
+                break
+            time.sleep(0.1)
+        b = meter.snapshot()
+    finally:
+        for pid in process_tree([parent.pid]):
+            os.kill(pid, signal.SIGKILL)
+        parent.wait()
+    assert len(b.service) == 2
+    used = CpuMeter.between(a, b)
+    burnt = used.service * (b.wall - a.wall)
+    assert 0.45 < burnt < 1.0  # the burner's 0.5 s, plus two interpreters starting
+    assert used.machine >= used.service - 0.05
+
+
+def results(bl_tput: float, tf_tput: float, bl_p99: float, tf_p99: float, p50s: tuple[float, float],
+            ceiling: float, open_p99: list[float]) -> dict[str, Any]:
+    def window(tput: float, p50: float, p99: float) -> dict[str, Any]:
+        return {"texts_per_s": tput, "p50": p50, "p90": p99, "p99": p99, "errors": 0, "refused_p99": math.nan,
+                "counts": {"ok": 1, "error": 0, "refused": 0, "timeout": 0, "dropped": 0}, "cpu": None,
+                "latencies": [p50, p99]}
+
+    bl = {"system": "baseline", "mode": "baseline", "loop": "closed"}
+    tf = {"system": "toxfleet", "mode": "jobs", "loop": "closed"}
+    points = [
+        {**bl, "clients": 100, "windows": [window(bl_tput, 1, bl_p99)]},
+        {**tf, "clients": 100, "windows": [window(tf_tput, 1, tf_p99)]},
+        {**bl, "clients": 1, "windows": [window(5, p50s[0], 1)]},
+        {**tf, "clients": 1, "windows": [window(5, p50s[1], 1)]},
+        {"system": "toxfleet", "mode": "jobs", "loop": "open", "load": 2.0, "rate": 20.0,
+         "windows": [window(10, 1, p) for p in open_p99]},
+    ]
+    run = {"texts_per_s": ceiling, "useful_gflops": 100.0}
+    return {"profile": {"clients": [1, 100], "open_loads": [2.0]}, "points": points,
+            "ceiling": {"best": "b", "configs": [{"config": {"label": "b"}, "runs": [run]}]}}
+
+
+def test_report_verdicts_follow_the_issue_targets() -> None:
+    """Each target is met or not by the same-run figures: 1.4x throughput, 85 % of ceiling, 0.6x p99,
+    +30 ms p50, a bounded open-loop p99."""
+    good = report.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0, 2.1, 2.2]), peak=300)
+    assert "not met" not in good and good.count("| met |") == 5
+    assert "1.50×" in good and "90%" in good and "33% of peak" in good
+    bad = report.targets_section("m", results(6, 8, 29, 20, (0.10, 0.2), 10, [2.0, 4.0, 8.0]), peak=300)
+    assert bad.count("**not met**") == 5
