@@ -202,7 +202,7 @@ def closed_section(model: dict[str, Any]) -> str:
             if sel:
                 rows.append(_row(LABELS[(system, mode)], str(clients), sel))
     return table(["system", "clients", "texts/s", "p50", "p90", "p99", "errors", "service CPU (cores)",
-                  "other CPU", "worker batches"], rows)
+                  "load generator / other CPU", "worker batches"], rows)
 
 
 def ratio_section(model: dict[str, Any]) -> str:
@@ -235,9 +235,10 @@ def open_section(model: dict[str, Any]) -> str:
             refused_p99 = percentile([w["refused_p99"] for w in windows(sel) if not math.isnan(w["refused_p99"])], 50)
             row[6] = (f"{total(sel, 'error')} / {total(sel, 'timeout')} / {refused}"
                       + (f" ({fmt_s(refused_p99)})" if refused else "") + f" / {total(sel, 'dropped')}")
-            rows.append([*row[:6], by_window, *row[6:8]])
+            rows.append([*row[:6], by_window, *row[6:]])
     return table(["system", "arrival rate", "texts/s answered", "p50", "p90", "p99", "p99 by window",
-                  "errors / timeouts / refused (p99) / dropped", "service CPU (cores)"], rows)
+                  "errors / timeouts / refused (p99) / dropped", "service CPU (cores)",
+                  "load generator / other CPU", "worker batches"], rows)
 
 
 def _row(label: str, level: str, sel: list[Point]) -> list[str]:
@@ -252,7 +253,8 @@ def _row(label: str, level: str, sel: list[Point]) -> list[str]:
         batches = f"{n}: {per_batch:.1f} texts/batch, {per_pass:.1f}/pass, {eff:.0%} real tokens"
     return [label, level, fmt_spread(spread(sel, "texts_per_s")), fmt_spread(spread(sel, "p50"), fmt_s),
             fmt_spread(spread(sel, "p90"), fmt_s), fmt_spread(spread(sel, "p99"), fmt_s), str(errors),
-            fmt_spread(cpu_spread(sel, "service")), fmt_num(cpu_spread(sel, "other").median), batches]
+            fmt_spread(cpu_spread(sel, "service")),
+            f"{fmt_num(cpu_spread(sel, 'client').median)} / {fmt_num(cpu_spread(sel, 'other').median)}", batches]
 
 
 # -- plots --------------------------------------------------------------------------------------

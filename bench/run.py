@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="times baseline then toxfleet are started and measured")
     parser.add_argument("--windows", type=int, help="override the profile's windows per point")
     parser.add_argument("--window", type=float, help="override the profile's seconds per window")
+    parser.add_argument("--ceiling-texts", type=int, help="override the profile's texts per ceiling process")
     parser.add_argument("--cores", type=int, default=None, help="processes per system (default: physical cores)")
     parser.add_argument("--clock-ghz", type=float, default=None, help="CPU clock for the peak (default: /proc/cpuinfo)")
     parser.add_argument("--fma-units", type=int, default=2, help="FMA units per core for the peak")
@@ -341,6 +342,9 @@ def main(argv: list[str] | None = None) -> None:
             profile = replace(profile, windows=args.windows)
         if args.window:
             profile = replace(profile, window=args.window)
+        if args.ceiling_texts:
+            profile = replace(profile, ceiling_per_process=args.ceiling_texts,
+                              ceiling_reference=min(profile.ceiling_reference, args.ceiling_texts))
         results["models"][kind] = run_model(kind, profile, args.models_dir, cores, args.rounds, args.seed, log_dir)
         _save(results, started, out)
     _save(results, started, out)
