@@ -124,22 +124,22 @@ def targets_section(name: str, model: dict[str, Any], peak: float) -> str:
         r = tput.ratio(bl_tput)
         rows.append([f"toxfleet {mode}: texts/s at {top} clients ÷ baseline", f"≥ {TARGETS['throughput_vs_baseline']}×",
                      f"{fmt_ratio(r)} ({fmt_num(tput.median)} vs {fmt_num(bl_tput.median)})",
-                     _verdict(r.median >= TARGETS["throughput_vs_baseline"])])
+                     _verdict(r.median, ">=", TARGETS["throughput_vs_baseline"])])
         r = tput.ratio(ceil)
         rows.append([f"toxfleet {mode}: texts/s at {top} clients ÷ raw ceiling",
                      f"≥ {TARGETS['throughput_vs_ceiling']:.0%}",
-                     fmt_spread(r, lambda x: f"{x:.0%}"), _verdict(r.median >= TARGETS["throughput_vs_ceiling"])])
+                     fmt_spread(r, lambda x: f"{x:.0%}"), _verdict(r.median, ">=", TARGETS["throughput_vs_ceiling"])])
         r = spread(tf_top, "p99").ratio(spread(bl_top, "p99"))
         rows.append([f"toxfleet {mode}: p99 at {top} clients ÷ baseline", f"≤ {TARGETS['p99_vs_baseline']}×",
                      f"{fmt_ratio(r)} ({fmt_s(spread(tf_top, 'p99').median)} vs "
-                     f"{fmt_s(spread(bl_top, 'p99').median)})", _verdict(r.median <= TARGETS["p99_vs_baseline"])])
+                     f"{fmt_s(spread(bl_top, 'p99').median)})", _verdict(r.median, "<=", TARGETS["p99_vs_baseline"])])
         if tf_one and bl_one:
             tf50, bl50 = spread(tf_one, "p50"), spread(bl_one, "p50")
             extra = tf50.median - bl50.median
             rows.append([f"toxfleet {mode}: p50 at {one} client − baseline's",
                          f"≤ +{TARGETS['p50_extra_seconds'] * 1000:.0f} ms",
                          f"{extra * 1000:+.0f} ms ({fmt_s(tf50.median)} vs {fmt_s(bl50.median)})",
-                         _verdict(extra <= TARGETS["p50_extra_seconds"])])
+                         _verdict(extra, "<=", TARGETS["p50_extra_seconds"])])
     loads = model["profile"]["open_loads"]
     if loads:
         over = max(loads)
@@ -149,8 +149,8 @@ def targets_section(name: str, model: dict[str, Any], peak: float) -> str:
                 continue
             by_window = [w["p99"] for w in windows(ol)]
             growth = by_window[-1] / by_window[0] if len(by_window) > 1 and by_window[0] > 0 else math.nan
-            verdict = (_verdict(growth <= BOUNDED_GROWTH and total(ol, "timeout") == 0) if not math.isnan(growth)
-                       else "n/a (one window)")
+            verdict = (_verdict(growth if total(ol, "timeout") == 0 else math.inf, "<=", BOUNDED_GROWTH)
+                       if not math.isnan(growth) else "n/a (one window)")
             refused = total(ol, "refused")
             refused_p99 = max((w["refused_p99"] for w in windows(ol) if not math.isnan(w["refused_p99"])),
                               default=math.nan)
@@ -162,7 +162,10 @@ def targets_section(name: str, model: dict[str, Any], peak: float) -> str:
     return table(["figure", "target", "measured: median (range)", ""], rows)
 
 
-def _verdict(ok: bool) -> str:
+def _verdict(value: float, op: str, target: float) -> str:
+    if math.isnan(value):
+        return "n/a"
+    ok = value >= target if op == ">=" else value <= target
     return "met" if ok else "**not met**"
 
 

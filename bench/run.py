@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -272,7 +273,7 @@ def _level(point: dict[str, Any]) -> str:
 
 
 def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds: int, seed: int,
-              log_dir: Path) -> dict[str, Any]:
+              log_dir: Path, systems: list[str]) -> dict[str, Any]:
     ckpt, hf = ensure_checkpoint(models_dir, kind)
     corpus = CommentCorpus(seed).texts(profile.corpus)
     from worker.settings import WorkerSettings
@@ -287,18 +288,21 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
                              "tokens": distribution(lengths), "token_lengths": lengths, "points": []}
     bench = Bench(profile, corpus, cores, seed)
     for r in range(rounds):
-        log(f"{kind}: baseline (gunicorn, {cores} workers), round {r + 1}/{rounds}")
-        service, url = start_baseline(ckpt, hf, cores, log_dir / kind)
-        with service:
-            points = bench.measure_system("baseline", url, ("baseline",), service, service.pids, None)
-        log(f"{kind}: toxfleet (API + {cores} worker processes), round {r + 1}/{rounds}")
-        redis, redis_url = start_redis(log_dir / kind)
-        with redis:
-            service, url = start_toxfleet(ckpt, hf, cores, redis_url, log_dir / kind)
+        points: list[dict[str, Any]] = []
+        if "baseline" in systems:
+            log(f"{kind}: baseline (gunicorn, {cores} workers), round {r + 1}/{rounds}")
+            service, url = start_baseline(ckpt, hf, cores, log_dir / kind)
             with service:
-                # Redis works for toxfleet: its CPU counts as the service's.
-                points += bench.measure_system("toxfleet", url, profile.toxfleet_modes, service,
-                                               service.pids + redis.pids, service.logs.get("worker"))
+                points += bench.measure_system("baseline", url, ("baseline",), service, service.pids, None)
+        if "toxfleet" in systems:
+            log(f"{kind}: toxfleet (API + {cores} worker processes), round {r + 1}/{rounds}")
+            redis, redis_url = start_redis(log_dir / kind)
+            with redis:
+                service, url = start_toxfleet(ckpt, hf, cores, redis_url, log_dir / kind)
+                with service:
+                    # Redis works for toxfleet: its CPU counts as the service's.
+                    points += bench.measure_system("toxfleet", url, profile.toxfleet_modes, service,
+                                                   service.pids + redis.pids, service.logs.get("worker"))
         for point in points:
             point["round"] = r
         entry["points"].extend(points)
@@ -315,6 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--windows", type=int, help="override the profile's windows per point")
     parser.add_argument("--window", type=float, help="override the profile's seconds per window")
     parser.add_argument("--ceiling-texts", type=int, help="override the profile's texts per ceiling process")
+    parser.add_argument("--systems", default="baseline,toxfleet", help="systems to measure (for development; the "
+                                                                       "report's ratios need both)")
+    parser.add_argument("--clients", help="override the profile's closed-loop client counts, e.g. 1,10,100")
     parser.add_argument("--cores", type=int, default=None, help="processes per system (default: physical cores)")
     parser.add_argument("--clock-ghz", type=float, default=None, help="CPU clock for the peak (default: /proc/cpuinfo)")
     parser.add_argument("--fma-units", type=int, default=2, help="FMA units per core for the peak")
@@ -324,6 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", type=Path, help="markdown report (default: docs/benchmarks.md; "
                                                     "quick: var/bench-quick.md)")
     args = parser.parse_args(argv)
+    # Stopped from outside (CI timeout, kill): unwind, so the services this run started are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     name = "quick" if args.quick else "full"
     out = args.out or (ROOT / ("var/bench-quick/results.json" if args.quick else "docs/benchmarks/results.json"))
@@ -342,10 +351,13 @@ def main(argv: list[str] | None = None) -> None:
             profile = replace(profile, windows=args.windows)
         if args.window:
             profile = replace(profile, window=args.window)
+        if args.clients:
+            profile = replace(profile, clients=tuple(int(c) for c in args.clients.split(",")))
         if args.ceiling_texts:
             profile = replace(profile, ceiling_per_process=args.ceiling_texts,
                               ceiling_reference=min(profile.ceiling_reference, args.ceiling_texts))
-        results["models"][kind] = run_model(kind, profile, args.models_dir, cores, args.rounds, args.seed, log_dir)
+        results["models"][kind] = run_model(kind, profile, args.models_dir, cores, args.rounds, args.seed, log_dir,
+                                            systems=args.systems.split(","))
         _save(results, started, out)
     _save(results, started, out)
     report.render(results, md, out.parent, os.path.relpath(out, ROOT))

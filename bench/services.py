@@ -90,12 +90,17 @@ class Service:
                 raise RuntimeError(f"{self.name}: a process exited with {proc.returncode}; see {self.log_dir}")
 
     def wait_until(self, what: str, ready: Callable[[], bool], timeout: float = STARTUP_TIMEOUT) -> None:
+        """Wait for `ready()`; if it never comes (or a process dies), stop everything and raise."""
         deadline = time.monotonic() + timeout
-        while not ready():
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name}: {what} not ready after {timeout:.0f}s; see {self.log_dir}")
-            time.sleep(0.2)
+        try:
+            while not ready():
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name}: {what} not ready after {timeout:.0f}s; see {self.log_dir}")
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         # Newest first: the API before the workers, the workers before Redis.
