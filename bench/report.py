@@ -466,7 +466,11 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         "*completed* in it. texts/s = answered texts / window.",
         "- **Open loop**: seeded Poisson arrivals; a window counts requests *issued* in it, each followed "
         "to its answer or its deadline. 429s are counted as refused (with their own latency), never as answers.",
-        "- **CPU**: from /proc, the service's process tree (Redis included for toxfleet), in cores.",
+        "- **Repeats**: each point runs several consecutive measurement windows under the same load; a figure is "
+        "the median of its windows with the min–max range. `--rounds N` restarts both systems N times "
+        "(alternating) and pools the windows. Ratios divide medians measured in the same run.",
+        "- **CPU**: from /proc, the service's process tree (Redis included for toxfleet), in cores; the load "
+        "generator's own CPU and everything else on the machine are reported beside it.",
         "- **Raw model ceiling**: `bench/ceiling.py`; the reference row is the baseline's per-request call "
         "(`Detoxify.predict([text])`) in the same processes, without a server.",
         "",
