@@ -47,6 +47,10 @@ LONG_POLL_SECONDS = 30.0
 DEFAULT_MAX_WARMUP = 90.0
 """Closed loop: longest warm-up before the windows start anyway."""
 
+FAILURE_PAUSE = 0.1
+"""Closed loop: seconds a client waits after a failed or refused request before its next one, as a
+real client would back off; without it a fast-failing service would be hammered by a spinning loop."""
+
 DEFAULT_MAX_IN_FLIGHT = 2000
 """Open loop: requests outstanding at once before new arrivals are dropped by the generator itself."""
 
@@ -184,6 +188,8 @@ async def closed_loop(call: Callable[[str], Awaitable[tuple[str, int | None]]], 
             start = time.monotonic() - t0
             outcome, status = await call(text)
             samples.append(Sample(start, time.monotonic() - t0, outcome, status))
+            if outcome != OK:
+                await asyncio.sleep(FAILURE_PAUSE)
 
     probes: list[P] = []
     tasks = [asyncio.create_task(client(i)) for i in range(clients)]

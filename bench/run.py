@@ -217,53 +217,125 @@ class Bench:
 
     # -- one system ----------------------------------------------------------------------------
 
-    def measure_system(self, system: str, url: str, modes: tuple[str, ...], service: Service,
-                       cpu_roots: list[int], worker_log: Path | None) -> list[dict[str, Any]]:
-        meter = CpuMeter(cpu_roots)
-        self._warm(url, modes[-1], service)
+    def measure_system(self, system: System) -> list[dict[str, Any]]:
+        """Every point of one system, in order; the system is restarted when a point left it busy."""
+        running = self._start(system)
         points: list[dict[str, Any]] = []
-        for mode in modes:
-            closed = []
-            for clients in self.profile.clients:
-                self._settle(meter, service)
-                closed.append(self.closed(url, mode, clients, meter, worker_log))
-            points.extend(closed)
-            capacity = Spread.of([w["texts_per_s"] for w in closed[-1]["windows"]]).median
-            if mode not in self.profile.open_modes or not capacity > 0:
-                continue
-            for fraction in self.profile.open_loads:
-                self._settle(meter, service)
-                points.append(self.open(url, mode, fraction, capacity, meter, worker_log))
+        try:
+            for mode in system.modes:
+                closed = []
+                for clients in self.profile.clients:
+                    running = self._ready(system, running)
+                    closed.append(self.closed(running.url, mode, clients, CpuMeter(running.cpu_roots),
+                                              running.worker_log))
+                points.extend(closed)
+                capacity = Spread.of([w["texts_per_s"] for w in closed[-1]["windows"]]).median
+                if mode not in self.profile.open_modes or not capacity > 0:
+                    continue
+                for fraction in self.profile.open_loads:
+                    running = self._ready(system, running)
+                    points.append(self.open(running.url, mode, fraction, capacity, CpuMeter(running.cpu_roots),
+                                            running.worker_log))
+        finally:
+            running.stop()
         for point in points:
-            point["system"] = system
+            point["system"] = system.name
         return points
 
-    def _warm(self, url: str, mode: str, service: Service) -> None:
+    def _start(self, system: System) -> Running:
+        running = system.start()
+        try:
+            self._warm(running, system.modes[-1])
+        except BaseException:
+            running.stop()
+            raise
+        return running
+
+    def _ready(self, system: System, running: Running) -> Running:
+        """The system, quiet: leftover work from the last point (requests its clients gave up on) would
+        slow the next one down, so a system that stays busy is restarted."""
+        if self._settle(running):
+            return running
+        log(f"    {system.name} still busy after {SETTLE_TIMEOUT:.0f}s (work left by the last point); restarting it")
+        running.stop()
+        return self._start(system)
+
+    def _warm(self, running: Running, mode: str) -> None:
         """Until the service answers a concurrent burst in full (every model process loaded)."""
         n = 2 * self.cores
 
         async def burst() -> list[tuple[str, int | None]]:
             async with load.session(n) as s:
-                call = load.Caller(s, url, mode, deadline=60)
+                call = load.Caller(s, running.url, mode, deadline=60)
                 return list(await asyncio.gather(*(call(t) for t in self.corpus[:n])))
 
         for _ in range(WARMUP_ATTEMPTS):
-            service.check_alive()
+            running.check_alive()
             outcomes = asyncio.run(burst())
             if all(o == load.OK for o, _ in outcomes):
                 return
             time.sleep(1)
-        raise RuntimeError(f"{service.name} did not answer its warm-up requests: {outcomes}")
+        raise RuntimeError(f"{running.url} did not answer its warm-up requests: {outcomes}")
 
-    def _settle(self, meter: CpuMeter, service: Service) -> None:
+    def _settle(self, running: Running) -> bool:
+        meter = CpuMeter(running.cpu_roots)
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while time.monotonic() < deadline:
-            service.check_alive()
+            running.check_alive()
             a = meter.snapshot()
             time.sleep(1.0)
             if CpuMeter.between(a, meter.snapshot()).service < SETTLE_CPU:
-                return
-        log(f"    {service.name} still busy after {SETTLE_TIMEOUT:.0f}s; measuring anyway")
+                return True
+        return False
+
+
+@dataclass
+class Running:
+    """A started system: where it answers, which processes are its CPU, where its worker logs."""
+
+    url: str
+    services: list[Service]
+    cpu_roots: list[int]
+    worker_log: Path | None = None
+
+    def check_alive(self) -> None:
+        for service in self.services:
+            service.check_alive()
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop()
+
+
+@dataclass(frozen=True)
+class System:
+    """A system under test: its name, the modes it is measured in, how to start it."""
+
+    name: str
+    modes: tuple[str, ...]
+    start: Callable[[], Running]
+
+
+def baseline_system(ckpt: Path, hf: Path, cores: int, log_dir: Path) -> System:
+    def start() -> Running:
+        service, url = start_baseline(ckpt, hf, cores, log_dir)
+        return Running(url, [service], service.pids)
+
+    return System("baseline", ("baseline",), start)
+
+
+def toxfleet_system(ckpt: Path, hf: Path, cores: int, log_dir: Path, modes: tuple[str, ...]) -> System:
+    def start() -> Running:
+        redis, redis_url = start_redis(log_dir)
+        try:
+            service, url = start_toxfleet(ckpt, hf, cores, redis_url, log_dir)
+        except BaseException:
+            redis.stop()
+            raise
+        # Redis works for toxfleet: its CPU counts as the service's.
+        return Running(url, [redis, service], service.pids + redis.pids, service.logs.get("worker"))
+
+    return System("toxfleet", modes, start)
 
 
 def _level(point: dict[str, Any]) -> str:
@@ -287,22 +359,13 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
     entry: dict[str, Any] = {"checkpoint": str(ckpt), "profile": asdict(profile), "ceiling": ceiling,
                              "tokens": distribution(lengths), "token_lengths": lengths, "points": []}
     bench = Bench(profile, corpus, cores, seed)
+    systems_ = {"baseline": baseline_system(ckpt, hf, cores, log_dir / kind),
+                "toxfleet": toxfleet_system(ckpt, hf, cores, log_dir / kind, profile.toxfleet_modes)}
     for r in range(rounds):
         points: list[dict[str, Any]] = []
-        if "baseline" in systems:
-            log(f"{kind}: baseline (gunicorn, {cores} workers), round {r + 1}/{rounds}")
-            service, url = start_baseline(ckpt, hf, cores, log_dir / kind)
-            with service:
-                points += bench.measure_system("baseline", url, ("baseline",), service, service.pids, None)
-        if "toxfleet" in systems:
-            log(f"{kind}: toxfleet (API + {cores} worker processes), round {r + 1}/{rounds}")
-            redis, redis_url = start_redis(log_dir / kind)
-            with redis:
-                service, url = start_toxfleet(ckpt, hf, cores, redis_url, log_dir / kind)
-                with service:
-                    # Redis works for toxfleet: its CPU counts as the service's.
-                    points += bench.measure_system("toxfleet", url, profile.toxfleet_modes, service,
-                                                   service.pids + redis.pids, service.logs.get("worker"))
+        for name in systems:
+            log(f"{kind}: {name} on {cores} cores, round {r + 1}/{rounds}")
+            points += bench.measure_system(systems_[name])
         for point in points:
             point["round"] = r
         entry["points"].extend(points)
@@ -331,6 +394,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", type=Path, help="markdown report (default: docs/benchmarks.md; "
                                                     "quick: var/bench-quick.md)")
     args = parser.parse_args(argv)
+    if not set(args.systems.split(",")) <= {"baseline", "toxfleet"}:
+        parser.error("--systems takes baseline and/or toxfleet")
     # Stopped from outside (CI timeout, kill): unwind, so the services this run started are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

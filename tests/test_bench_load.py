@@ -160,3 +160,20 @@ def test_open_loop_sends_at_the_given_rate_whatever_the_answers() -> None:
     again = run(go(5))
     assert [s.start for s in again.samples if s.outcome == load.DROPPED] == \
         [s.start for s in capped.samples if s.outcome == load.DROPPED]  # same seed, same arrivals
+
+
+def test_closed_loop_backs_off_after_failures() -> None:
+    """A client pauses after a failed request, so a service failing fast is not hammered by the generator."""
+
+    async def go() -> load.LoadRun:
+        runner, url = await serve([("GET", "/toxicity", toxicity)])
+        try:
+            async with load.session(4) as s:
+                return await load.closed_loop(load.Caller(s, url, "baseline"), ["broken"], clients=2, warmup=0.0,
+                                              windows=1, window=0.5, probe=lambda: None, ramp=0.0)
+        finally:
+            await runner.cleanup()
+
+    result = run(go())
+    assert all(s.outcome == load.ERROR for s in result.samples)
+    assert 2 <= len(result.samples) <= 2 * (0.5 / load.FAILURE_PAUSE + 2)
