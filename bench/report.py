@@ -333,7 +333,8 @@ def plots(name: str, model: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         ax.set_ylabel("fraction of requests")
         ax.set_title(f"Latency CDF, {title}, {name}", fontsize=9)
         ax.grid(True, alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     files["cdf"] = out_dir / f"{name}-latency-cdf.png"
     fig.savefig(files["cdf"], dpi=110)
@@ -439,7 +440,7 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
             lines += [
                 "### Open loop (Poisson arrivals at a fraction of each system's own capacity)",
                 "",
-                "Capacity is the system's throughput at the highest client count in the same round. Latency "
+                "Capacity is the system's best closed-loop throughput in the same round. Latency "
                 f"percentiles cover answered requests and timeouts (> {prof['open_deadline']:.0f} s); requests are "
                 "grouped by the window they were *issued* in, so a queue that keeps growing shows as p99 rising "
                 "window by window.",

@@ -5,7 +5,7 @@ toxfleet alone on the same cores, under the same seeded corpus and the same load
 
 - closed loop at each client count (each client sends its next text when the previous answer came);
 - open loop at fixed Poisson arrival rates, fractions of the capacity just measured for that system
-  (its throughput at the highest client count).
+  (its best closed-loop throughput).
 
 Each point is several consecutive windows of the same load; every figure is reported as the median
 of the windows with its range. `--rounds N` repeats baseline-then-toxfleet N times (services
@@ -48,7 +48,7 @@ class Profile:
     """How much to measure for one model."""
 
     clients: tuple[int, ...]
-    """Closed-loop client counts; the last is the saturation point that defines capacity."""
+    """Closed-loop client counts; the best throughput among them is the system's capacity."""
     open_loads: tuple[float, ...]
     """Open-loop arrival rates as fractions of the capacity measured in the same round."""
     windows: int
@@ -229,7 +229,8 @@ class Bench:
                     closed.append(self.closed(running.url, mode, clients, CpuMeter(running.cpu_roots),
                                               running.worker_log))
                 points.extend(closed)
-                capacity = Spread.of([w["texts_per_s"] for w in closed[-1]["windows"]]).median
+                # Capacity: the best closed-loop throughput (normally at the most clients).
+                capacity = max(Spread.of([w["texts_per_s"] for w in c["windows"]]).median for c in closed)
                 if mode not in self.profile.open_modes or not capacity > 0:
                     continue
                 for fraction in self.profile.open_loads:
