@@ -76,11 +76,11 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    "full": Profile(clients=(1, 10, 100), open_loads=(0.5, 1.0, 2.0), windows=3, window=10.0, warmup=5.0,
-                    corpus=3000, ceiling_per_process=48, ceiling_reference=16, ceiling_repeats=3),
-    # For the second architecture: the saturation and single-client points only.
-    "reduced": Profile(clients=(1, 100), open_loads=(), windows=3, window=10.0, warmup=5.0, corpus=3000,
-                       ceiling_per_process=48, ceiling_reference=16, ceiling_repeats=2, toxfleet_modes=("jobs",)),
+    "full": Profile(clients=(1, 10, 100), open_loads=(0.5, 1.0, 2.0), windows=3, window=8.0, warmup=3.0,
+                    corpus=3000, ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=3),
+    # For the second architecture: the single-client and saturation points, toxfleet's own API only.
+    "reduced": Profile(clients=(1, 100), open_loads=(), windows=2, window=8.0, warmup=3.0, corpus=3000,
+                       ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=2, toxfleet_modes=("jobs",)),
     "quick": Profile(clients=(1, 20), open_loads=(2.0,), windows=1, window=3.0, warmup=1.0, corpus=500,
                      ceiling_per_process=32, ceiling_reference=16, ceiling_repeats=1, ceiling_sweep=(1, 8),
                      open_deadline=20.0),
