@@ -26,7 +26,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
@@ -73,11 +73,13 @@ class Sample:
 
 @dataclass
 class LoadRun:
-    """Everything one load run recorded; `boundaries` are window edges, `probes` what was sampled there."""
+    """Everything one load run recorded; `boundaries` are window edges, `probes` what was sampled there,
+    `outstanding` how many requests were awaiting an answer at each edge."""
 
     samples: list[Sample]
     boundaries: list[float]
     probes: list[Any]
+    outstanding: list[int] = field(default_factory=list)
 
 
 class Caller:
@@ -229,7 +231,13 @@ async def open_loop(call: Callable[[str], Awaitable[tuple[str, int | None]]], te
         outcome, status = await call(text)
         samples.append(Sample(start, time.monotonic() - t0, outcome, status))
 
-    prober = asyncio.create_task(_probe_at(t0, boundaries, probe, probes))
+    outstanding: list[int] = []
+
+    def probe_and_count() -> P:
+        outstanding.append(len(in_flight))
+        return probe()
+
+    prober = asyncio.create_task(_probe_at(t0, boundaries, probe_and_count, probes))
     arrival = 0.0
     for i in itertools.count():
         arrival += rng.expovariate(rate)
@@ -245,7 +253,7 @@ async def open_loop(call: Callable[[str], Awaitable[tuple[str, int | None]]], te
     await prober
     if in_flight:
         await asyncio.gather(*in_flight, return_exceptions=True)
-    return LoadRun(samples, boundaries, probes)
+    return LoadRun(samples, boundaries, probes, outstanding)
 
 
 def in_window(run: LoadRun, k: int, by: str) -> list[Sample]:

@@ -22,12 +22,14 @@ BATCH_LINE = re.compile(r"batch (?P<id>\S+): requests=(?P<requests>\d+) texts=(?
 """The worker's per-batch log line (worker/tasks.py)."""
 
 
-def window_figures(samples: Sequence[Sample], seconds: float, cpu: CpuUse | None) -> dict[str, Any]:
+def window_figures(samples: Sequence[Sample], seconds: float, cpu: CpuUse | None,
+                   answered: int | None = None) -> dict[str, Any]:
     """Throughput, latency percentiles and outcome counts of one window.
 
     Latency percentiles cover answered requests *and* timeouts (at the time they were given up), so a
     service that stops answering cannot look fast by losing its slowest requests; refusals (429) are
-    fast by design and get their own percentile.
+    fast by design and get their own percentile. Throughput is `answered` (answers that arrived in
+    the window) per second, by default the answers among `samples`.
     """
     counts = {o: 0 for o in OUTCOMES}
     for s in samples:
@@ -36,7 +38,7 @@ def window_figures(samples: Sequence[Sample], seconds: float, cpu: CpuUse | None
     refused = [s.latency for s in samples if s.outcome == REFUSED]
     return {
         "seconds": seconds,
-        "texts_per_s": counts[OK] / seconds if seconds > 0 else 0.0,
+        "texts_per_s": (counts[OK] if answered is None else answered) / seconds if seconds > 0 else 0.0,
         "p50": percentile(latencies, 50), "p90": percentile(latencies, 90), "p99": percentile(latencies, 99),
         "counts": counts,
         "errors": counts[ERROR] + counts[TIMEOUT],

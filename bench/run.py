@@ -198,10 +198,12 @@ class Bench:
         windows = []
         for k in range(len(run.boundaries) - 1):
             samples = load.in_window(run, k, by)
+            answered = sum(1 for s in load.in_window(run, k, "end") if s.outcome == load.OK)
             a: CpuSnapshot = run.probes[k]
             b: CpuSnapshot = run.probes[k + 1]
-            windows.append(window_figures(samples, run.boundaries[k + 1] - run.boundaries[k], CpuMeter.between(a, b)))
-        point = {"loop": loop, "mode": mode, **level, "windows": windows,
+            windows.append(window_figures(samples, run.boundaries[k + 1] - run.boundaries[k], CpuMeter.between(a, b),
+                                          answered))
+        point = {"loop": loop, "mode": mode, **level, "windows": windows, "outstanding": run.outstanding,
                  "warmup_seconds": run.boundaries[0], "seconds": time.monotonic() - started,
                  "batches": batch_summary(worker_log, offset) if worker_log else None,
                  "failures": dict(failures.most_common(10))}

@@ -129,7 +129,7 @@ def test_cpu_meter_counts_a_child_process_tree() -> None:
 
 
 def results(bl_tput: float, tf_tput: float, bl_p99: float, tf_p99: float, p50s: tuple[float, float],
-            ceiling: float, open_p99: list[float]) -> dict[str, Any]:
+            ceiling: float, open_p99: list[float], outstanding: list[int] | None = None) -> dict[str, Any]:
     def window(tput: float, p50: float, p99: float) -> dict[str, Any]:
         return {"texts_per_s": tput, "p50": p50, "p90": p99, "p99": p99, "errors": 0, "refused_p99": math.nan,
                 "counts": {"ok": 1, "error": 0, "refused": 0, "timeout": 0, "dropped": 0}, "cpu": None,
@@ -143,7 +143,7 @@ def results(bl_tput: float, tf_tput: float, bl_p99: float, tf_p99: float, p50s: 
         {**bl, "clients": 1, "windows": [window(5, p50s[0], 1)]},
         {**tf, "clients": 1, "windows": [window(5, p50s[1], 1)]},
         {"system": "toxfleet", "mode": "jobs", "loop": "open", "load": 2.0, "rate": 20.0,
-         "windows": [window(10, 1, p) for p in open_p99]},
+         "windows": [window(10, 1, p) for p in open_p99], "outstanding": outstanding or []},
     ]
     run = {"texts_per_s": ceiling, "useful_gflops": 100.0}
     return {"profile": {"clients": [1, 100], "open_loads": [2.0]}, "points": points,
@@ -158,3 +158,6 @@ def test_report_verdicts_follow_the_issue_targets() -> None:
     assert "1.50×" in good and "90%" in good and "33% of peak" in good
     bad = report.targets_section("m", results(6, 8, 29, 20, (0.10, 0.2), 10, [2.0, 4.0, 8.0]), peak=300)
     assert bad.count("**not met**") == 5
+    queue_grows = report.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0, 2.1, 2.2],
+                                                      outstanding=[20, 60, 100, 140]), peak=300)
+    assert queue_grows.count("**not met**") == 1 and "20 → 60 → 100 → 140" in queue_grows

@@ -155,6 +155,7 @@ def test_open_loop_sends_at_the_given_rate_whatever_the_answers() -> None:
     assert 20 <= len(outcomes) <= 60  # 40/s for 1 s
     assert outcomes.count(load.TIMEOUT) == 5  # "slow" takes 1.5 s > the 1.2 s deadline, longer than the run
     assert outcomes.count(load.DROPPED) == len(outcomes) - 5
+    assert len(capped.outstanding) == 3 and max(capped.outstanding) <= 5
     issued = sum(len(load.in_window(capped, k, "start")) for k in range(2))
     assert issued == len(outcomes)
     again = run(go(5))
