@@ -436,9 +436,12 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         lines += [
             f"### Raw model ceiling ({model['ceiling']['processes']} processes × 1 thread, no server)",
             "",
-            f"Each process scores its own {model['ceiling']['texts_per_process']} texts with `worker.scorer.Scorer` "
-            "(tokenize, sort by length, cut passes); wall time from the first start to the last finish. "
-            "Useful FLOPs count each text's own tokens; executed FLOPs include padding.",
+            f"Each process sorts its own {model['ceiling'].get('pool_per_process', '?')} texts by token length and "
+            "plans the passes over all of them (the best case for padding), then `worker.scorer.Scorer` scores a "
+            f"systematic sample of those passes, about {model['ceiling']['texts_per_process']} texts spread over "
+            "the whole length range (tokenizing included); wall time from the first start to the last finish. "
+            "The reference row scores texts one at a time in arrival order. Useful FLOPs count each text's own "
+            "tokens; executed FLOPs include padding.",
             "",
             ceiling_section(model, peak),
             "",

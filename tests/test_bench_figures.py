@@ -161,3 +161,24 @@ def test_report_verdicts_follow_the_issue_targets() -> None:
     queue_grows = report.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0, 2.1, 2.2],
                                                       outstanding=[20, 60, 100, 140]), peak=300)
     assert queue_grows.count("**not met**") == 1 and "20 → 60 → 100 → 140" in queue_grows
+
+
+@pytest.mark.parametrize(("pass_tokens", "pass_texts"), [(65_536, 1), (65_536, 8), (1024, 16)])
+def test_ceiling_samples_passes_across_the_length_range(pass_tokens: int, pass_texts: int) -> None:
+    """The ceiling times every m-th pass of a plan over the whole pool: about the asked number of texts,
+    from short to long, and re-planning the sampled texts gives back exactly the sampled passes."""
+    import random
+
+    from bench.ceiling import PassConfig, sample_passes
+    from worker.scorer import plan_passes
+
+    rng = random.Random(3)
+    tokens = [min(512, int(rng.lognormvariate(4, 0.9)) + 2) for _ in range(1500)]
+    groups = sample_passes(tokens, PassConfig("x", pass_texts, pass_tokens), 48)
+    picked = [i for g in groups for i in g]
+    assert 24 <= len(picked) <= 96
+    lengths = sorted(tokens[i] for i in picked)
+    assert lengths[0] <= sorted(tokens)[375] and lengths[-1] >= sorted(tokens)[-375]  # both quartiles reached
+    sub = [tokens[i] for i in picked]
+    replanned = [[sub[i] for i in g] for g in plan_passes(sub, pass_tokens, pass_texts)]
+    assert sorted(map(sorted, replanned)) == sorted(sorted(tokens[i] for i in g) for g in groups)
