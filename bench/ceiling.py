@@ -12,9 +12,10 @@ corpus, 8 texts per pass: 68 % of the executed FLOPs are real tokens when 48 tex
 for 200, 98 % for 1,000). A ceiling must assume the best case, so each process sorts its whole slice
 of the corpus (1,500 texts in `make bench`) and plans the passes over all of it, then times a
 systematic sample of those passes (every m-th, across the whole length range) holding about
-`per_process` texts: the cost per text of the sample is that of the whole pool, at a fraction of the
-time. Re-planning the sampled texts gives back exactly the sampled passes (each pass was closed by
-the text after it, and the text after it in the sample is no shorter).
+`per_process` texts and at least 8 passes: each text of the pool has the same chance to be in the
+sample, so the sample's cost per text estimates the pool's, at a fraction of the time.
+Re-planning the sampled texts gives back exactly the sampled passes (each pass was closed by the
+text after it, and the text after it in the sample is no shorter).
 
 For reference it also times what the existing service does per request, `Detoxify.predict([text])`,
 one text at a time, in the same N processes.
@@ -39,6 +40,10 @@ from bench.roofline import Architecture
 PASS_TEXTS_SWEEP = (1, 4, 8, 16)
 """Texts per forward pass tried (token cap lifted, so the count alone decides); measured on 2 cores,
 32 per pass was always slower than 8 (padding and cache misses), so it is not swept by default."""
+
+MIN_SAMPLED_PASSES = 8
+"""Fewest passes a configuration is timed on: with 16 texts a pass, 48 texts would be 3 passes, too few
+to stand for the whole length range (the longest passes cost 20 times the shortest)."""
 
 UNCAPPED_TOKENS = 65_536
 """A padded-token cap no sweep pass reaches."""
@@ -114,12 +119,14 @@ def _child(rank: int, checkpoint: str, hf: str, pool: list[str], per_process: in
 
 def sample_passes(tokens: Sequence[int], cfg: PassConfig, texts: int) -> list[list[int]]:
     """Passes planned over all of `tokens`, then every m-th of them (starting mid-stride) so that
-    about `texts` texts remain, spread over the whole length range."""
+    about `texts` texts remain, and at least `MIN_SAMPLED_PASSES` passes, spread over the whole
+    length range."""
     from worker.scorer import plan_passes
 
     passes = plan_passes(tokens, cfg.pass_tokens, cfg.pass_texts)
     per_pass = len(tokens) / len(passes)
-    stride = max(1, round(len(passes) / max(1.0, texts / per_pass)))
+    wanted = max(MIN_SAMPLED_PASSES, texts / per_pass)
+    stride = max(1, int(len(passes) / wanted))
     return passes[stride // 2::stride]
 
 

@@ -34,6 +34,9 @@ TARGETS = {"throughput_vs_baseline": 1.4, "throughput_vs_ceiling": 0.85, "p99_vs
            "p50_extra_seconds": 0.030}
 """The issue's targets (texts/s ratios, p99 ratio at the highest client count, p50 allowance at 1 client)."""
 
+DISTURBED_CPU = 0.2
+"""Cores used by other programs (median over windows) above which the report says the run was disturbed."""
+
 BOUNDED_GROWTH = 1.5
 """Open loop: called bounded when neither p99 nor the requests outstanding grew by more than this factor
 from the first window to the last."""
@@ -372,9 +375,10 @@ def plots(name: str, model: dict[str, Any], out_dir: Path) -> dict[str, Path]:
 
 
 def _plain_log_axis(axis: Any) -> None:
-    """Label a log axis's decades as plain numbers, without the cluttered minor labels."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    """Label a log axis at 1-2-5 steps as plain numbers (decades alone leave a short range unlabelled)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
 
@@ -390,6 +394,7 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
     lines = [
         "# Benchmarks" + (" (quick smoke run: tiny model, numbers mean nothing)" if quick else ""),
         "",
+        *_disturbance(results),
         f"Regenerate with `{regenerate}` (= `{meta['command']}`; "
         f"took {meta['seconds'] / 60:.1f} min). Re-render from the raw results with "
         f"`python -m bench.report {results_path}`.",
@@ -499,6 +504,17 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
     ]
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(lines))
+
+
+def _disturbance(results: dict[str, Any]) -> list[str]:
+    """A warning when other programs used the machine's CPU during the measurements."""
+    other = Spread.of([w["cpu"]["other"] for m in results["models"].values() for w in windows(m["points"])
+                       if w.get("cpu")])
+    if not other.n or other.median < DISTURBED_CPU:
+        return []
+    return [f"> **Disturbed run: indicative numbers only.** Other programs used {other.median:.2f} cores "
+            f"(median over all windows; up to {other.high:.2f}) of this machine while it was measured; "
+            "rerun on a quiet machine before drawing conclusions.", ""]
 
 
 def _rel(path: Path, md: Path) -> str:
