@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import CpuMeter
 from bench.roofline import Architecture
 
 PASS_TEXTS_SWEEP = (1, 4, 8, 16)
@@ -159,9 +160,12 @@ class Ceiling:
 
     def run(self, cfg: PassConfig) -> dict[str, Any]:
         """Run one configuration in every process at once; texts/s, tokens/s and GFLOP/s overall."""
+        meter = CpuMeter([p.pid for p in self._procs if p.pid is not None])
+        before = meter.snapshot()
         for q in self._commands:
             q.put(cfg)
         parts = [self._results.get(timeout=READY_TIMEOUT)[2] for _ in range(self.processes)]
+        cpu = CpuMeter.between(before, meter.snapshot())
         wall = max(p["end"] for p in parts) - min(p["start"] for p in parts)
         texts = sum(p["texts"] for p in parts)
         useful = executed = 0.0
@@ -173,7 +177,8 @@ class Ceiling:
         return {"seconds": wall, "texts": texts, "texts_per_s": texts / wall,
                 "tokens_per_s": sum(p["tokens"] for p in parts) / wall,
                 "padded_tokens_per_s": sum(p["padded"] for p in parts) / wall,
-                "useful_gflops": useful / wall / 1e9, "executed_gflops": executed / wall / 1e9}
+                "useful_gflops": useful / wall / 1e9, "executed_gflops": executed / wall / 1e9,
+                "cpu": cpu.as_dict()}
 
     def close(self) -> None:
         for q in self._commands:
@@ -195,7 +200,8 @@ def measure(checkpoint: Path, hf: Path, corpus: Sequence[str], processes: int, p
         configs: list[dict[str, Any]] = []
         for cfg in sweep_configs(worker_tokens, worker_texts, sweep):
             run = ceiling.run(cfg)
-            log(f"  ceiling {cfg.label}: {run['texts_per_s']:.2f} texts/s, {run['useful_gflops']:.1f} GFLOP/s")
+            log(f"  ceiling {cfg.label}: {run['texts_per_s']:.2f} texts/s, {run['useful_gflops']:.1f} GFLOP/s "
+                f"(other programs: {run['cpu']['other']:.2f} cores)")
             configs.append({"config": asdict(cfg), "runs": [run]})
         best = max(configs, key=lambda c: c["runs"][0]["texts_per_s"])
         for _ in range(repeats - 1):

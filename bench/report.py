@@ -206,12 +206,13 @@ def ceiling_section(model: dict[str, Any], peak: float) -> str:
         useful = Spread.of([r["useful_gflops"] for r in runs])
         executed = Spread.of([r["executed_gflops"] for r in runs])
         label = cfg["config"]["label"] + (" **(best)**" if cfg["config"]["label"] == c["best"] else "")
+        other = Spread.of([r["cpu"]["other"] for r in runs if r.get("cpu")])
         rows.append([label, str(len(runs)), fmt_spread(tput), fmt_spread(Spread.of([r["tokens_per_s"] for r in runs]),
                                                                          lambda x: f"{x:.0f}"),
                      fmt_spread(useful, lambda x: f"{x:.1f}"), f"{useful.median / peak:.1%}",
-                     fmt_num(executed.median, 1)])
-    return table(["configuration", "runs", "texts/s", "tokens/s", "useful GFLOP/s", "of peak", "executed GFLOP/s"],
-                 rows)
+                     fmt_num(executed.median, 1), fmt_spread(other)])
+    return table(["configuration", "runs", "texts/s", "tokens/s", "useful GFLOP/s", "of peak", "executed GFLOP/s",
+                  "other CPU (cores)"], rows)
 
 
 def closed_section(model: dict[str, Any]) -> str:
@@ -509,12 +510,19 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
 def _disturbance(results: dict[str, Any]) -> list[str]:
     """A warning when other programs used the machine's CPU during the measurements."""
     other = Spread.of([w["cpu"]["other"] for m in results["models"].values() for w in windows(m["points"])
-                       if w.get("cpu")])
+                       if w.get("cpu")]
+                      + [r["cpu"]["other"] for m in results["models"].values() for c in _ceiling_configs(m)
+                         for r in c["runs"] if r.get("cpu")])
     if not other.n or other.median < DISTURBED_CPU:
         return []
     return [f"> **Disturbed run: indicative numbers only.** Other programs used {other.median:.2f} cores "
             f"(median over all windows; up to {other.high:.2f}) of this machine while it was measured; "
             "rerun on a quiet machine before drawing conclusions.", ""]
+
+
+def _ceiling_configs(model: dict[str, Any]) -> list[dict[str, Any]]:
+    c = model.get("ceiling") or {}
+    return [*c.get("configs", []), *([c["reference"]] if c.get("reference") else [])]
 
 
 def _rel(path: Path, md: Path) -> str:
