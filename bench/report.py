@@ -484,7 +484,10 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         "`gunicorn -k uvicorn.workers.UvicornWorker --workers <cores> --preload --keep-alive 30 --backlog 2048` "
         "with `OMP_NUM_THREADS=1`.",
         "- **toxfleet**: `uvicorn api.main:app` (1 process, no access log) + `celery -A worker worker` with "
-        "`TOXFLEET_CONCURRENCY=<cores>`, a private `redis-server`; settings: "
+        f"`TOXFLEET_CONCURRENCY=<cores>` and `TOXFLEET_BACKEND={meta.get('toxfleet_backend', 'torch')}`"
+        + ("" if meta.get("toxfleet_backend", "torch") == "torch" else
+           " (**not** the torch fp32 of the baseline and the ceiling: ratios compare different backends)")
+        + ", a private `redis-server`; settings: "
         + ", ".join(f"`{k}={v}`" for k, v in {**meta["worker_settings"], **meta["api_settings"]}.items())
         + (", environment " + ", ".join(f"`{k}={v}`" for k, v in meta["toxfleet_env"].items())
            if meta["toxfleet_env"] else "") + ".",

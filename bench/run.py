@@ -327,11 +327,12 @@ def baseline_system(ckpt: Path, hf: Path, cores: int, log_dir: Path) -> System:
     return System("baseline", ("baseline",), start)
 
 
-def toxfleet_system(ckpt: Path, hf: Path, cores: int, log_dir: Path, modes: tuple[str, ...]) -> System:
+def toxfleet_system(ckpt: Path, hf: Path, cores: int, log_dir: Path, modes: tuple[str, ...],
+                    backend: str) -> System:
     def start() -> Running:
         redis, redis_url = start_redis(log_dir)
         try:
-            service, url = start_toxfleet(ckpt, hf, cores, redis_url, log_dir)
+            service, url = start_toxfleet(ckpt, hf, cores, redis_url, log_dir, {"TOXFLEET_BACKEND": backend})
         except BaseException:
             redis.stop()
             raise
@@ -348,7 +349,7 @@ def _level(point: dict[str, Any]) -> str:
 
 
 def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds: int, seed: int,
-              log_dir: Path, systems: list[str]) -> dict[str, Any]:
+              log_dir: Path, systems: list[str], backend: str) -> dict[str, Any]:
     ckpt, hf = ensure_checkpoint(models_dir, kind)
     corpus = CommentCorpus(seed).texts(profile.corpus)
     from worker.settings import WorkerSettings
@@ -363,7 +364,7 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
                              "tokens": distribution(lengths), "token_lengths": lengths, "points": []}
     bench = Bench(profile, corpus, cores, seed)
     systems_ = {"baseline": baseline_system(ckpt, hf, cores, log_dir / kind),
-                "toxfleet": toxfleet_system(ckpt, hf, cores, log_dir / kind, profile.toxfleet_modes)}
+                "toxfleet": toxfleet_system(ckpt, hf, cores, log_dir / kind, profile.toxfleet_modes, backend)}
     for r in range(rounds):
         points: list[dict[str, Any]] = []
         for name in systems:
@@ -385,6 +386,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--windows", type=int, help="override the profile's windows per point")
     parser.add_argument("--window", type=float, help="override the profile's seconds per window")
     parser.add_argument("--ceiling-texts", type=int, help="override the profile's texts per ceiling process")
+    parser.add_argument("--backend", default="torch",
+                        help="toxfleet's TOXFLEET_BACKEND (default torch: fp32, the backend of the baseline and "
+                             "the ceiling, which the targets are about)")
     parser.add_argument("--systems", default="baseline,toxfleet", help="systems to measure (for development; the "
                                                                        "report's ratios need both)")
     parser.add_argument("--clients", help="override the profile's closed-loop client counts, e.g. 1,10,100")
@@ -409,8 +413,10 @@ def main(argv: list[str] | None = None) -> None:
     log_dir = ROOT / "var" / "bench-logs" / time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, Any] = {"meta": {"profile": name, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                                         "seed": args.seed, "rounds": args.rounds, "logs": str(log_dir),
+                                        "toxfleet_backend": args.backend,
                                         **environment(cores, args.clock_ghz, args.fma_units)},
                                "models": {}}
+    results["meta"]["worker_settings"]["backend"] = args.backend
     started = time.monotonic()
     for item in (args.models or DEFAULT_MODELS[name]).split(","):
         kind, _, profile_name = item.strip().partition(":")
@@ -425,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
             profile = replace(profile, ceiling_per_process=args.ceiling_texts,
                               ceiling_reference=min(profile.ceiling_reference, args.ceiling_texts))
         results["models"][kind] = run_model(kind, profile, args.models_dir, cores, args.rounds, args.seed, log_dir,
-                                            systems=args.systems.split(","))
+                                            systems=args.systems.split(","), backend=args.backend)
         _save(results, started, out)
     _save(results, started, out)
     report.render(results, md, out.parent, os.path.relpath(out, ROOT))
@@ -436,7 +442,8 @@ def _save(results: dict[str, Any], started: float, out: Path) -> None:
     results["meta"]["seconds"] = time.monotonic() - started
     results["meta"]["loadavg_end"] = os.getloadavg()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, allow_nan=True))
+    # Compact: the raw latencies are most of it, and one number per line would be ten thousand lines.
+    out.write_text(json.dumps(results, separators=(",", ":"), allow_nan=True) + "\n")
 
 
 if __name__ == "__main__":
