@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -28,7 +29,9 @@ from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, Queu
 from api.settings import ApiSettings
 from api.waiter import RESYNC, ResultWaiter
 from toxfleet import contract, logs
+from toxfleet.cache import AsyncScoreCache, Scores, namespace
 from toxfleet.celeryconf import celery_config
+from toxfleet.thresholds import Thresholds
 
 JOB_KEY_PREFIX = "toxfleet:job:"
 """Redis key prefix of job manifests."""
@@ -55,6 +58,8 @@ class JobView:
     results: list[dict[str, float]] | None
     model: str | None
     error: str | None
+    flags: list[dict[str, Any]] | None = None
+    cache_hits: int = 0
 
     @property
     def finished(self) -> bool:
@@ -83,36 +88,49 @@ def _error_text(result: Any) -> str:
 class JobService:
     """Submit, read and await jobs. One per process; cheap to share across requests."""
 
-    def __init__(self, settings: ApiSettings, redis: aioredis.Redis, celery: Celery) -> None:
+    def __init__(self, settings: ApiSettings, redis: aioredis.Redis, celery: Celery,
+                 cache: AsyncScoreCache | None = None) -> None:
         self._settings = settings
         self._redis = redis
         self._celery = celery
+        self._cache = cache
         self._result_key = celery.backend.get_key_for_task
         self._waiter = ResultWaiter(redis, settings.redis_timeout)
 
     async def close(self) -> None:
         await self._waiter.close()
         await self._redis.aclose()
+        if self._cache is not None and self._cache.client is not self._redis:
+            await self._cache.client.aclose()
 
     # -- submit ---------------------------------------------------------------------------------
 
     async def submit(self, texts: list[str], idempotency_key: str | None = None,
-                     fingerprint: str = "") -> tuple[str, bool]:
+                     fingerprint: str = "", long_text: str = contract.TRUNCATE,
+                     thresholds: Thresholds | None = None) -> tuple[str, bool]:
         """Enqueue a job; returns `(job_id, created)`. With an idempotency key seen before (and the
-        same request `fingerprint`), returns the earlier job instead, `created` False."""
+        same request `fingerprint`), returns the earlier job instead, `created` False. A job whose
+        texts are all in the score cache is stored as succeeded at once, and no worker sees it."""
         job_id = uuid.uuid4().hex
-        chunks = contract.chunk(texts)
+        chunks = contract.chunk(texts, long_text=long_text)
+        manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time(), "long_text": long_text,
+                               "thresholds": (thresholds or self._settings.base_thresholds).to_json()})
         manifest_key = JOB_KEY_PREFIX + job_id
         idem_key = IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(idempotency_key.encode()).hexdigest() \
             if idempotency_key else None
         try:
             if idem_key and (earlier := await self._redis.get(idem_key)) is not None:
                 return self._replay(earlier, fingerprint), False
-            depth = await self._redis.llen(contract.QUEUE)
-            if depth >= self._settings.max_queue_depth:
-                raise QueueFull(f"queue is full ({depth} messages waiting); retry later")
-            manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time()})
-            await self._redis.set(manifest_key, manifest, ex=self._settings.result_expires)
+            cached = await self._all_cached(texts, long_text)
+            if cached is None:
+                depth = await self._redis.llen(contract.QUEUE)
+                if depth >= self._settings.max_queue_depth:
+                    raise QueueFull(f"queue is full ({depth} messages waiting); retry later")
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(manifest_key, manifest, ex=self._settings.result_expires)
+                if cached is not None:
+                    self._store_cached(pipe, job_id, chunks, *cached)
+                await pipe.execute()
             logs.bind_job(job_id)
             if idem_key:
                 record = json.dumps({"job_id": job_id, "fingerprint": fingerprint})
@@ -122,8 +140,13 @@ class JobService:
                     return self._replay(await self._redis.get(idem_key), fingerprint), False
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        if cached is not None:
+            metrics.count_submitted(len(texts), 0)
+            logger.info("job %s answered from the score cache: texts=%d", job_id, len(texts),
+                        extra={"texts": len(texts), "messages": 0})
+            return job_id, True
         try:
-            await run_in_threadpool(self._send, job_id, chunks)
+            await run_in_threadpool(self._send, job_id, chunks, long_text)
         except Exception as exc:  # kombu raises its own OperationalError family
             with contextlib.suppress(RedisError):
                 await self._redis.delete(manifest_key, *([idem_key] if idem_key else []))
@@ -153,48 +176,93 @@ class JobService:
             count, _ = await pipe.execute()
         return int(count)
 
-    def _send(self, job_id: str, chunks: list[list[str]]) -> None:
+    def _send(self, job_id: str, chunks: list[list[str]], long_text: str) -> None:
+        # The default mode sends no keyword at all: the message stays what every worker version reads.
+        kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
         headers = {contract.SENT_AT_HEADER: time.time()}  # workers measure queue wait from it
         with self._celery.producer_or_acquire() as producer:
             for i, texts in enumerate(chunks):
-                self._celery.send_task(contract.SCORE_TASK, args=[texts], task_id=contract.chunk_task_id(job_id, i),
-                                       producer=producer, headers=headers)
+                self._celery.send_task(contract.SCORE_TASK, args=[texts], kwargs=kwargs,
+                                       task_id=contract.chunk_task_id(job_id, i), producer=producer, headers=headers)
+
+    async def _all_cached(self, texts: list[str], long_text: str) -> tuple[str, list[Scores]] | None:
+        """`(model, scores)` when every text is in the score cache under the model and backend that
+        all answering workers run (and only while all of them have the cache on), else None."""
+        if self._cache is None:
+            return None
+        try:
+            workers = await self.workers()
+            identities = {(w.get("model"), w.get("backend")) for w in workers}
+            if len(identities) != 1 or not all(w.get("cache") for w in workers):
+                return None  # no worker, a rollout in progress, or a worker without the cache
+            model, backend = identities.pop()
+            if not model or not backend:
+                return None
+            found = await self._cache.get(namespace(model, backend, long_text), texts)
+            scores = [f for f in found if f is not None]
+            if len(scores) < len(texts):
+                return None  # the workers look up and count the hits of a partly cached job
+            await self._cache.count_hits(len(scores))
+        except RedisError as exc:
+            # The cache may live on its own Redis: its absence must not fail a submit.
+            logger.warning("score cache unavailable (%r); sending the job to the workers", exc)
+            return None
+        return str(model), scores
+
+    def _store_cached(self, pipe: Any, job_id: str, chunks: list[list[str]], model: str,
+                      scores: list[Scores]) -> None:
+        """Store each chunk's result as a worker would (same keys, same meta), so that the job reads
+        exactly like one a worker scored."""
+        now = datetime.now(UTC).isoformat()
+        offset = 0
+        for i, texts in enumerate(chunks):
+            task_id = contract.chunk_task_id(job_id, i)
+            meta = {"status": "SUCCESS", "result": scores[offset: offset + len(texts)], "traceback": None,
+                    "children": [], "date_done": now, "model": model, "cache_hits": len(texts), "task_id": task_id}
+            pipe.set(self._result_key(task_id), json.dumps(meta), ex=self._settings.result_expires)
+            offset += len(texts)
 
     # -- read -------------------------------------------------------------------------------------
 
-    async def _manifest(self, job_id: str) -> list[int]:
+    async def _manifest(self, job_id: str) -> dict[str, Any]:
         raw = await self._redis.get(JOB_KEY_PREFIX + job_id)
         if raw is None:
             raise JobNotFound(f"no job {job_id} (unknown, or expired after {self._settings.result_expires}s)")
-        sizes: list[int] = json.loads(raw)["chunks"]
-        return sizes
+        manifest: dict[str, Any] = json.loads(raw)
+        return manifest
 
-    def _view(self, job_id: str, sizes: list[int], metas: list[dict[str, Any] | None]) -> JobView:
+    def _view(self, job_id: str, manifest: dict[str, Any], metas: list[dict[str, Any] | None]) -> JobView:
+        sizes: list[int] = manifest["chunks"]
         total = sum(sizes)
         statuses = [m.get("status") if m else None for m in metas]
         done = sum(n for n, s in zip(sizes, statuses, strict=True) if s == "SUCCESS")
         model = next((m.get("model") for m in metas if m and m.get("model")), None)
+        hits = sum(int(m.get("cache_hits") or 0) for m, s in zip(metas, statuses, strict=True) if m and s == "SUCCESS")
         for i, (meta, status) in enumerate(zip(metas, statuses, strict=True)):
             if status == "FAILURE" and meta is not None:
                 error = _error_text(meta.get("result"))
                 where = f"chunk {i} of {len(sizes)}: " if len(sizes) > 1 else ""
-                return JobView(job_id, "failed", total, done, None, model, where + error)
+                return JobView(job_id, "failed", total, done, None, model, where + error, cache_hits=hits)
         if all(s == "SUCCESS" for s in statuses):
             results = [r for m in metas if m for r in m["result"]]
-            return JobView(job_id, "succeeded", total, done, results, model, None)
+            # Jobs stored before thresholds existed are flagged with the configured ones.
+            thresholds = Thresholds.from_json(manifest["thresholds"]) if "thresholds" in manifest \
+                else self._settings.base_thresholds
+            flags = [thresholds.flags(r) for r in results]
+            return JobView(job_id, "succeeded", total, done, results, model, None, flags, hits)
         status = "running" if any(s is not None for s in statuses) else "queued"
-        return JobView(job_id, status, total, done, None, model, None)
+        return JobView(job_id, status, total, done, None, model, None, cache_hits=hits)
 
     async def get(self, job_id: str, wait: float = 0.0) -> JobView:
         """The job now, or once finished if that happens within `wait` seconds."""
         logs.bind_job(job_id)
         try:
-            sizes = await self._manifest(job_id)
-            keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(sizes))]
+            manifest = await self._manifest(job_id)
+            keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(manifest["chunks"]))]
             if wait <= 0:
-                view = self._view(job_id, sizes, await self._metas(keys))
+                view = self._view(job_id, manifest, await self._metas(keys))
             else:
-                view = await self._wait(job_id, sizes, keys, wait)
+                view = await self._wait(job_id, manifest, keys, wait)
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
         if view.finished:
@@ -206,13 +274,13 @@ class JobService:
     async def _metas(self, keys: list[bytes]) -> list[dict[str, Any] | None]:
         return [json.loads(v) if v is not None else None for v in await self._redis.mget(keys)]
 
-    async def _wait(self, job_id: str, sizes: list[int], keys: list[bytes], wait: float) -> JobView:
+    async def _wait(self, job_id: str, manifest: dict[str, Any], keys: list[bytes], wait: float) -> JobView:
         deadline = time.monotonic() + wait
         async with self._waiter.watching(keys) as queue:
             # Subscribed (confirmed), then read: a result stored in between is seen by one or the other.
             metas = await self._metas(keys)
             index = {k: i for i, k in enumerate(keys)}
-            view = self._view(job_id, sizes, metas)
+            view = self._view(job_id, manifest, metas)
             while not view.finished and (remaining := deadline - time.monotonic()) > 0:
                 try:
                     item = await asyncio.wait_for(queue.get(), min(remaining, RECHECK_SECONDS))
@@ -223,7 +291,7 @@ class JobService:
                 else:
                     key, value = item
                     metas[index[key]] = json.loads(value)
-                view = self._view(job_id, sizes, metas)
+                view = self._view(job_id, manifest, metas)
             return view
 
     async def queue_depth(self) -> int:
@@ -259,5 +327,10 @@ def make_service(settings: ApiSettings) -> JobService:
         settings.redis_url, max_connections=settings.redis_max_connections, timeout=settings.redis_timeout,
         socket_timeout=settings.redis_timeout, socket_connect_timeout=settings.redis_timeout)
     redis = aioredis.Redis(connection_pool=pool)
-    return JobService(settings, redis, make_celery(settings))
+    cache = None
+    if settings.cache:
+        client = redis if not settings.cache_url else aioredis.Redis.from_url(
+            settings.cache_url, socket_timeout=settings.redis_timeout, socket_connect_timeout=settings.redis_timeout)
+        cache = AsyncScoreCache(client)
+    return JobService(settings, redis, make_celery(settings), cache)
 

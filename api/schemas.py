@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from toxfleet.thresholds import check_labels, check_threshold
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 """Job ids are UUID4 hex strings; anything else is rejected before Redis is asked."""
@@ -12,8 +14,25 @@ JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 
 
+LongText = Literal["truncate", "windows"]
+
+
 class JobRequest(BaseModel):
     texts: list[str] = Field(min_length=1, description="Texts to score, scored independently, results in order.")
+    long_text: LongText = Field(
+        "truncate", description="Texts longer than the model reads (512 tokens): `truncate` scores the start only "
+        "(Detoxify's behaviour); `windows` scores overlapping 512-token windows and takes each label's max "
+        "(costs one forward pass per window; see docs/client.md).")
+    thresholds: float | dict[str, float] | None = Field(
+        None, description="Flag thresholds for this job: one probability for every label, or {label: probability} "
+        "overriding the configured ones; default: the configured thresholds (0.5 unless set).")
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds(cls, value: float | dict[str, float] | None) -> float | dict[str, float] | None:
+        if isinstance(value, dict):
+            return check_labels(value, "thresholds")
+        return None if value is None else check_threshold(value, "thresholds")
 
 
 class JobAccepted(BaseModel):
@@ -27,6 +46,11 @@ class Progress(BaseModel):
     total: int
 
 
+class Flags(BaseModel):
+    flagged: bool = Field(description="Whether any label is at or above its threshold.")
+    labels: dict[str, bool] = Field(description="Per label: at or above its threshold.")
+
+
 class Job(BaseModel):
     id: str
     status: JobStatus
@@ -35,6 +59,9 @@ class Job(BaseModel):
     model: str | None = Field(description="The model that scored the job, once known.")
     error: str | None = Field(description="Why the job failed; null unless failed.")
     progress: Progress
+    flags: list[Flags] | None = Field(
+        None, description="Parallel to `results`: per text, the thresholded decision; null until succeeded.")
+    cache_hits: int = Field(0, description="Texts answered from the score cache so far, without the model.")
 
 
 class Health(BaseModel):

@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import contract
+from toxfleet.thresholds import DEFAULT_THRESHOLD, Thresholds, check_labels
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -49,6 +50,18 @@ class ApiSettings(BaseSettings):
                                   "API key: keep the path off the public load balancer).")
     log_format: Literal["json", "text"] = Field("text", description="`json`: one JSON object per log line, "
                                                 "with the job id (set in the Docker images); `text`: for people.")
+    threshold: float = Field(DEFAULT_THRESHOLD, ge=0, le=1,
+                             description="Probability at or above which a label is flagged, for every label "
+                                         "not in `thresholds` (a request may override it).")
+    thresholds: dict[str, float] = Field(default_factory=dict,
+                                         description='Per-label thresholds as JSON, e.g. {"threat": 0.3}.')
+    cache: bool = Field(True, description="Answer a job whose texts are all in the score cache without a worker "
+                                          "(only while every answering worker has its cache on).")
+    cache_url: str | None = Field(None, description="Redis of the score cache (as the workers'); default: REDIS_URL.")
+
+    @property
+    def base_thresholds(self) -> Thresholds:
+        return Thresholds(self.threshold, self.thresholds)
 
     @property
     def api_key_list(self) -> list[str]:
@@ -60,6 +73,9 @@ class ApiSettings(BaseSettings):
             raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
         if any(len(k) < 16 for k in self.api_key_list):
             raise ValueError("TOXFLEET_API_KEYS: every key must have at least 16 characters")
+        check_labels(self.thresholds, "TOXFLEET_THRESHOLDS")
+        if self.cache_url is not None and not self.cache_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("TOXFLEET_CACHE_URL must be a redis://, rediss:// or unix:// URL")
         if self.rate_limit and not self.api_key_list:
             raise ValueError("TOXFLEET_RATE_LIMIT is per API key: set TOXFLEET_API_KEYS too")
         return self

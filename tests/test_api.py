@@ -39,7 +39,7 @@ def test_new_job_reads_as_queued(client: TestClient) -> None:
     r = client.get(f"/v1/jobs/{job_id}")
     assert r.status_code == 200
     assert r.json() == {"id": job_id, "status": "queued", "results": None, "model": None, "error": None,
-                        "progress": {"done": 0, "total": 3}}
+                        "progress": {"done": 0, "total": 3}, "flags": None, "cache_hits": 0}
     assert "retry-after" in r.headers
 
 

@@ -6,9 +6,12 @@ arguments and result, and the defaults of the limits both sides enforce. Stdlib 
 
 Task `toxfleet.score`
     args:   `[texts]`, a list of strings.
+    kwargs: optional `long_text`: `"truncate"` (the default, exactly Detoxify's behaviour) or
+            `"windows"` (see `LONG_TEXT_MODES`); no other keyword is accepted.
     result: a list, one `{label: probability}` dict per text, in input order.
-    The stored result meta also carries `model` (the identity of the model that scored it), which
-    `AsyncResult.get()` ignores and the API reports.
+    The stored result meta also carries `model` (the identity of the model that scored it) and
+    `cache_hits` (texts answered from the score cache), which `AsyncResult.get()` ignores and the
+    API reports.
     headers: optional `toxfleet_sent_at` (`SENT_AT_HEADER`), the unix time the API published the
     message, from which workers measure queue wait; callers that omit it are scored all the same.
 """
@@ -41,20 +44,55 @@ MODEL_MAX_TOKENS = 512
 """Longest input the Detoxify models read; longer texts are truncated."""
 
 
-def estimate_tokens(text: str) -> int:
+TRUNCATE = "truncate"
+"""`long_text` mode: score the first `MODEL_MAX_TOKENS` tokens only (Detoxify's own behaviour)."""
+
+WINDOWS = "windows"
+"""`long_text` mode: score overlapping windows of the model's length; each label is the max over them."""
+
+LONG_TEXT_MODES = (TRUNCATE, WINDOWS)
+"""Values of the task's `long_text` keyword (and of the HTTP request field of the same name)."""
+
+WINDOW_OVERLAP_TOKENS = 128
+"""Tokens shared by consecutive windows, so a phrase of up to this many tokens that straddles a
+window boundary is still read whole by one window. Fixed here (not a setting) because it is part of
+what a windowed score means, and so of the score cache's key."""
+
+LABELS = ("toxicity", "severe_toxicity", "obscene", "identity_attack", "insult", "threat", "sexual_explicit")
+"""Every label a Detoxify model returns (`original` returns the first six, `unbiased` and
+`multilingual` all seven); thresholds may only name these."""
+
+
+def window_starts(length: int, size: int, overlap: int = WINDOW_OVERLAP_TOKENS) -> list[int]:
+    """Where the windows over `length` content tokens start: every window holds `size` tokens (the
+    last one is aligned to the end rather than left short), consecutive ones share at least
+    `overlap`. A text that fits gives `[0]`, so windows mode then equals truncate mode exactly."""
+    if size <= overlap:
+        raise ValueError("window size must exceed the overlap")
+    if length <= size:
+        return [0]
+    return [*range(0, length - size, size - overlap), length - size]
+
+
+def estimate_tokens(text: str, long_text: str = TRUNCATE) -> int:
     """Cheap token estimate for scheduling (no tokenizer in the API): about 4 characters a token,
-    plus the two special tokens, capped at what the model reads."""
-    return min(MODEL_MAX_TOKENS, 2 + (len(text) + 3) // 4)
+    plus the two special tokens, capped at what the model reads; in windows mode, what all the
+    windows read."""
+    content = (len(text) + 3) // 4
+    if long_text == WINDOWS and content > MODEL_MAX_TOKENS - 2:
+        return MODEL_MAX_TOKENS * len(window_starts(content, MODEL_MAX_TOKENS - 2))
+    return min(MODEL_MAX_TOKENS, 2 + content)
 
 
-def chunk(texts: list[str], max_tokens: int = CHUNK_TOKENS, max_texts: int = CHUNK_TEXTS) -> list[list[str]]:
+def chunk(texts: list[str], max_tokens: int = CHUNK_TOKENS, max_texts: int = CHUNK_TEXTS,
+          long_text: str = TRUNCATE) -> list[list[str]]:
     """Split a job's texts into task messages, in order, each within both budgets (a single text
     over the token budget still forms a chunk of its own)."""
     chunks: list[list[str]] = []
     current: list[str] = []
     tokens = 0
     for text in texts:
-        cost = estimate_tokens(text)
+        cost = estimate_tokens(text, long_text)
         if current and (tokens + cost > max_tokens or len(current) >= max_texts):
             chunks.append(current)
             current, tokens = [], 0

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from toxfleet.contract import MODEL_MAX_TOKENS
+from toxfleet.contract import MODEL_MAX_TOKENS, WINDOW_OVERLAP_TOKENS, window_starts
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,29 @@ class Backend(ABC):
         """What logs, the heartbeat and benchmarks report about this backend."""
         return {"backend": self.name, "precision": self.precision, "model": self.identity,
                 "labels": len(self.labels), "load_seconds": round(self.load_seconds, 3)}
+
+    def tokenize_windows(self, texts: Sequence[str], overlap: int = WINDOW_OVERLAP_TOKENS) -> list[list[list[int]]]:
+        """Per text, token ids of overlapping windows of the model's length, special tokens included;
+        a text that fits gives one window, equal to `tokenize`'s (long_text="windows"). Every backend
+        that keeps its Hugging Face tokenizer in `_tokenizer` (all of them today) gets this for free."""
+        tokenizer = getattr(self, "_tokenizer", None)
+        if tokenizer is None:
+            raise NotImplementedError(f"{type(self).__name__} does not support long_text='windows'")
+        return hf_windows(tokenizer, texts, overlap)
+
+
+def hf_windows(tokenizer: Any, texts: Sequence[str], overlap: int = WINDOW_OVERLAP_TOKENS,
+               max_tokens: int = MODEL_MAX_TOKENS) -> list[list[list[int]]]:
+    """`Backend.tokenize_windows` for any Hugging Face tokenizer: tokenize without truncation or
+    special tokens, cut windows (`contract.window_starts`), then wrap each in the special tokens the
+    tokenizer itself adds, found by tokenizing a probe with and without them."""
+    with_special = tokenizer("x")["input_ids"]
+    bare = tokenizer("x", add_special_tokens=False)["input_ids"]
+    start = next(i for i in range(len(with_special)) if with_special[i: i + len(bare)] == bare)
+    prefix, suffix = with_special[:start], with_special[start + len(bare):]
+    size = max_tokens - len(prefix) - len(suffix)
+    content: list[list[int]] = tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
+    return [[prefix + ids[s: s + size] + suffix for s in window_starts(len(ids), size, overlap)] for ids in content]
 
 
 class TorchBackend(Backend):

@@ -175,7 +175,8 @@ class _Heartbeat(threading.Thread):
         self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._hostname = hostname
         self._info = {"hostname": hostname, "model": settings.model_identity,
-                      "backend": _backend_name or settings.backend, "concurrency": concurrency,
+                      "backend": _backend_name or settings.backend, "cache": settings.cache,
+                      "concurrency": concurrency,
                       "pid": os.getpid(), "host": socket.gethostname()}
         # Not `_stop`: threading.Thread has a `_stop()` method that fork calls on every thread.
         self._stopping = threading.Event()

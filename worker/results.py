@@ -3,7 +3,7 @@
 `backend.mark_as_done` costs a round trip per request; a batch of 40 requests would pay 40. This
 writes the same keys, the same JSON meta and the same pub/sub notification Celery's Redis backend
 does (so `AsyncResult.get()` and the API's long-poll both see it), in one pipeline. The meta
-carries two extra fields Celery ignores: `model` and `batch`.
+carries extra fields Celery ignores: `model`, `batch` and `cache_hits`.
 """
 
 from __future__ import annotations
@@ -63,11 +63,13 @@ return released
 
 @dataclass(frozen=True)
 class Outcome:
-    """One request's final result: `result` on success, `error` (an exception) on failure."""
+    """One request's final result: `result` on success, `error` (an exception) on failure, and
+    `meta`: extra fields stored with this request's result only (e.g. `cache_hits`)."""
 
     task_id: str
     result: Any = None
     error: BaseException | None = None
+    meta: dict[str, Any] | None = None
 
     @property
     def state(self) -> str:
@@ -124,7 +126,7 @@ class ResultStore:
         def meta(o: Outcome) -> dict[str, Any]:
             result = self._backend.prepare_exception(o.error) if o.error is not None else o.result
             return {"status": o.state, "result": result, "traceback": None, "children": [],
-                    "date_done": now, **extra}
+                    "date_done": now, **extra, **(o.meta or {})}
 
         self._write((o.task_id, meta(o)) for o in outcomes)
         # Leases expire by themselves; dropping them now just keeps Redis tidy.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from toxfleet.contract import LONG_TEXT_MODES, TRUNCATE, WINDOWS
 from worker.backend import Backend
 
 
@@ -53,23 +54,43 @@ class Scorer:
     def labels(self) -> list[str]:
         return self.backend.labels
 
-    def score(self, texts: Sequence[str]) -> tuple[list[dict[str, float]], ScoreStats]:
-        """One `{label: probability}` dict per text, in input order."""
+    def score(self, texts: Sequence[str], long_text: str | Sequence[str] = TRUNCATE
+              ) -> tuple[list[dict[str, float]], ScoreStats]:
+        """One `{label: probability}` dict per text, in input order. `long_text` (one mode, or one per
+        text): "truncate" reads a text's first `MODEL_MAX_TOKENS` tokens, as Detoxify does; "windows"
+        reads every overlapping window of a longer text and gives each label its max over them."""
         if not texts:
             return [], ScoreStats(0, 0, 0, 0)
-        ids = self.backend.tokenize(texts)
+        modes = [long_text] * len(texts) if isinstance(long_text, str) else list(long_text)
+        if len(modes) != len(texts) or not set(modes) <= set(LONG_TEXT_MODES):
+            raise ValueError(f"long_text must be one of {LONG_TEXT_MODES}, one per text")
+        # Every sequence (a truncated text, or one window of a long one) goes through the same
+        # sorted, padding-capped passes; `owner` maps a sequence back to its text.
+        ids: list[list[int]] = []
+        owner: list[int] = []
+        truncated = [i for i, m in enumerate(modes) if m == TRUNCATE]
+        windowed = [i for i, m in enumerate(modes) if m == WINDOWS]
+        if truncated:
+            ids += self.backend.tokenize([texts[i] for i in truncated])
+            owner += truncated
+        if windowed:
+            for i, windows in zip(windowed, self.backend.tokenize_windows([texts[i] for i in windowed]), strict=True):
+                ids += windows
+                owner += [i] * len(windows)
         lengths = [len(seq) for seq in ids]
         labels = self.backend.labels
         results: list[dict[str, float] | None] = [None] * len(texts)
         passes = plan_passes(lengths, self.max_tokens, self.max_texts)
         padded = 0
         for group in passes:
-            probs = self.backend.predict([ids[i] for i in group])
+            probs = self.backend.predict([ids[j] for j in group])
             if len(probs) != len(group):
                 raise RuntimeError(f"backend returned {len(probs)} rows for {len(group)} texts")
-            padded += len(group) * max(lengths[i] for i in group)
-            for i, row in zip(group, probs, strict=True):
-                results[i] = dict(zip(labels, row, strict=True))
+            padded += len(group) * max(lengths[j] for j in group)
+            for j, row in zip(group, probs, strict=True):
+                scores = dict(zip(labels, row, strict=True))
+                earlier = results[owner[j]]
+                results[owner[j]] = scores if earlier is None else {k: max(v, earlier[k]) for k, v in scores.items()}
         stats = ScoreStats(len(texts), len(passes), sum(lengths), padded)
         done = [r for r in results if r is not None]
         if len(done) != len(texts):

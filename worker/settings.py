@@ -13,6 +13,7 @@ from typing import Literal, Self
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from toxfleet import cache as cache_defaults
 from toxfleet import contract
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -65,11 +66,21 @@ class WorkerSettings(BaseSettings):
                               description="Port of the worker's Prometheus endpoint (all its processes); 0: none.")
     log_format: Literal["json", "text"] = Field("text", description="`json`: one JSON object per log line, "
                                                 "with the job ids (set in the Docker images); `text`: Celery's.")
+    cache: bool = Field(True, description="Score cache on: look texts up before scoring, store what was scored "
+                                          "(docs/client.md). The API answers fully cached jobs only while "
+                                          "every answering worker has it on.")
+    cache_url: str | None = Field(None, description="Redis for the score cache; default: REDIS_URL.")
+    cache_ttl: int = Field(cache_defaults.DEFAULT_TTL, ge=1, le=365 * 86_400,
+                           description="Seconds a cached score lives.")
+    cache_max_entries: int = Field(cache_defaults.DEFAULT_MAX_ENTRIES, ge=1, le=1_000_000_000,
+                                   description="Most cached scores kept (about 0.5 KB each); the oldest go first.")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        if self.cache_url is not None and not self.cache_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("TOXFLEET_CACHE_URL must be a redis://, rediss:// or unix:// URL")
         if (self.checkpoint is None) != (self.hf_config is None) and self.hf_config is not None:
             raise ValueError("TOXFLEET_HF_CONFIG needs TOXFLEET_CHECKPOINT")
         if self.checkpoint is not None and not self.checkpoint.is_file():

@@ -1,4 +1,5 @@
-"""The `toxfleet.score` task: validate each request, score the whole batch at once, store per request."""
+"""The `toxfleet.score` task: validate each request, answer cached texts from the score cache, score
+the rest of the whole batch at once, store per request."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import os
 import time
 from typing import Any
 
+import redis
+from redis.exceptions import RedisError
+
 from toxfleet import contract
+from toxfleet.cache import ScoreCache, Scores, namespace
 from worker import lifecycle, metrics
 from worker.batching import BatchTask
 from worker.celery_app import app
@@ -17,10 +22,22 @@ from worker.settings import get_settings
 logger = logging.getLogger(__name__)
 
 
+def long_text_of(kwargs: Any) -> str:
+    """The request's `long_text` mode (default "truncate"), or ValueError for any other keyword."""
+    if not isinstance(kwargs, dict):
+        raise ValueError("keyword arguments must be a mapping")
+    unexpected = sorted(set(kwargs) - {"long_text"})
+    if unexpected:
+        raise ValueError(f"unexpected keyword arguments: {unexpected}")
+    mode = kwargs.get("long_text", contract.TRUNCATE)
+    if mode not in contract.LONG_TEXT_MODES:
+        raise ValueError(f"long_text must be one of {list(contract.LONG_TEXT_MODES)}, got {mode!r}")
+    return str(mode)
+
+
 def validate(args: Any, kwargs: Any, max_texts: int, max_chars: int) -> list[str]:
-    """The texts of a request, or ValueError saying what is wrong with it."""
-    if kwargs:
-        raise ValueError(f"unexpected keyword arguments: {sorted(kwargs)}")
+    """The texts of a request, or ValueError saying what is wrong with it (texts or keywords)."""
+    long_text_of(kwargs or {})
     if not isinstance(args, list | tuple) or len(args) != 1:
         raise ValueError("expected exactly one argument: a list of texts")
     texts = args[0]
@@ -42,14 +59,17 @@ class ScoreTask(BatchTask):
     name = contract.SCORE_TASK
     acks_late = True
 
-    def run(self, texts: list[str]) -> list[dict[str, float]]:
+    def run(self, texts: list[str], long_text: str = contract.TRUNCATE) -> list[dict[str, float]]:
         # Only reached when the task is applied eagerly in-process; workers call run_batch.
         settings = get_settings()
-        results, _ = lifecycle.scorer().score(validate([texts], {}, settings.max_texts, settings.max_text_chars))
+        kwargs = {"long_text": long_text}
+        results, _ = lifecycle.scorer().score(validate([texts], kwargs, settings.max_texts, settings.max_text_chars),
+                                              long_text_of(kwargs))
         return results
 
     def cost(self, args: Any, kwargs: Any) -> int:
-        return sum(contract.estimate_tokens(t) for t in args[0])
+        mode = (kwargs or {}).get("long_text", contract.TRUNCATE)
+        return sum(contract.estimate_tokens(t, mode) for t in args[0])
 
     def on_batch_lost(self, batch_id: str, task_ids: list[str]) -> None:
         ResultStore(self.backend).release(task_ids, batch_id)
@@ -69,6 +89,7 @@ class ScoreTask(BatchTask):
 
         outcomes: dict[str, dict[str, Any]] = {}
         texts: dict[str, list[str]] = {}
+        modes: dict[str, str] = {}
         failed: list[Outcome] = []
         # A redelivered request is never scored twice: not after its result is stored ("final"),
         # nor while another batch scores it ("busy"; the lease lasts as long as a delivery may).
@@ -79,11 +100,19 @@ class ScoreTask(BatchTask):
                 continue
             try:
                 texts[req["id"]] = validate(req["args"], req["kwargs"], settings.max_texts, settings.max_text_chars)
+                modes[req["id"]] = long_text_of(req["kwargs"] or {})
             except ValueError as exc:
                 logger.warning("request %s rejected: %s", req["id"], exc, extra={"task_id": req["id"]})
                 failed.append(Outcome(req["id"], error=exc))
 
-        done = self._score(scorer, texts, batch_id)
+        # Cached texts skip the model; only the rest are scored, then cached in turn.
+        cached = self._cached(scorer.backend.identity, texts, modes, batch_id)
+        todo = {rid: [t for t, c in zip(ts, cached[rid], strict=True) if c is None] for rid, ts in texts.items()}
+        todo = {rid: ts for rid, ts in todo.items() if ts}
+        scored = {o.task_id: o for o in self._score(scorer, todo, modes, batch_id)}
+        self._remember(scorer.backend.identity, todo, modes, scored, batch_id)
+        done = [_merge(rid, cached[rid], scored.get(rid)) for rid in texts]
+
         store.store(done + failed, extra)
         metrics.count_tasks("skipped", len(requests) - len(texts) - len(failed))
         metrics.count_tasks("succeeded", sum(1 for o in done if o.error is None))
@@ -96,15 +125,51 @@ class ScoreTask(BatchTask):
             summary["runtime"] = runtime
         return [outcomes[r["id"]] for r in requests]
 
-    def _score(self, scorer: Any, texts: dict[str, list[str]], batch_id: str) -> list[Outcome]:
+    def _cached(self, model: str, texts: dict[str, list[str]], modes: dict[str, str],
+                batch_id: str) -> dict[str, list[Scores | None]]:
+        """Cached scores per request and text (None: not cached), one MGET per long-text mode."""
+        found: dict[str, list[Scores | None]] = {rid: [None] * len(ts) for rid, ts in texts.items()}
+        cache = score_cache()
+        if cache is None or not texts:
+            return found
+        backend = get_settings().backend
+        try:
+            for mode in set(modes.values()):
+                rids = [rid for rid in texts if modes[rid] == mode]
+                flat = cache.get(namespace(model, backend, mode), [t for rid in rids for t in texts[rid]])
+                offset = 0
+                for rid in rids:
+                    found[rid] = flat[offset: offset + len(texts[rid])]
+                    offset += len(texts[rid])
+        except RedisError as exc:  # the cache is an optimisation: never fail a batch over it
+            logger.warning("batch %s: score cache unavailable (%r); scoring everything", batch_id, exc)
+            return {rid: [None] * len(ts) for rid, ts in texts.items()}
+        return found
+
+    def _remember(self, model: str, todo: dict[str, list[str]], modes: dict[str, str],
+                  scored: dict[str, Outcome], batch_id: str) -> None:
+        cache = score_cache()
+        if cache is None:
+            return
+        backend = get_settings().backend
+        try:
+            for mode in set(modes.values()):
+                ok = [rid for rid in todo if modes[rid] == mode and scored[rid].error is None]
+                cache.put(namespace(model, backend, mode), [t for rid in ok for t in todo[rid]],
+                          [s for rid in ok for s in scored[rid].result])
+        except RedisError as exc:
+            logger.warning("batch %s: could not write the score cache (%r)", batch_id, exc)
+
+    def _score(self, scorer: Any, texts: dict[str, list[str]], modes: dict[str, str], batch_id: str) -> list[Outcome]:
         """Score every request's texts in one call; if that fails, find the request that fails."""
         if not texts:
             return []
         flat = [t for ts in texts.values() for t in ts]
         fields = {"batch_id": batch_id, "job_ids": sorted({contract.job_of(t) for t in texts})}
+        flat_modes = [modes[rid] for rid, ts in texts.items() for _ in ts]
         t0 = time.perf_counter()
         try:
-            scores, stats = scorer.score(flat)
+            scores, stats = scorer.score(flat, flat_modes)
         except Exception as exc:
             if len(texts) == 1:
                 logger.exception("batch %s: scoring failed", batch_id, extra=fields)
@@ -112,7 +177,7 @@ class ScoreTask(BatchTask):
                 return [Outcome(next(iter(texts)), error=RuntimeError(f"scoring failed: {exc!r}"))]
             logger.warning("batch %s: scoring %d requests together failed (%r); retrying one by one",
                            batch_id, len(texts), exc, extra=fields)
-            return [o for task_id, ts in texts.items() for o in self._score(scorer, {task_id: ts}, batch_id)]
+            return [o for task_id, ts in texts.items() for o in self._score(scorer, {task_id: ts}, modes, batch_id)]
         seconds = time.perf_counter() - t0
         metrics.observe_batch(len(texts), stats, seconds)
         logger.info("batch %s: requests=%d texts=%d passes=%d tokens=%d padded=%d seconds=%.3f",
@@ -125,6 +190,32 @@ class ScoreTask(BatchTask):
             out.append(Outcome(task_id, result=scores[offset: offset + len(ts)]))
             offset += len(ts)
         return out
+
+
+def _merge(task_id: str, cached: list[Scores | None], scored: Outcome | None) -> Outcome:
+    """A request's outcome from its cached scores and the scores of the rest (in text order)."""
+    if scored is not None and scored.error is not None:
+        return scored
+    fresh = iter(scored.result if scored is not None else [])
+    results = [c if c is not None else next(fresh) for c in cached]
+    return Outcome(task_id, result=results, meta={"cache_hits": sum(c is not None for c in cached)})
+
+
+_cache: ScoreCache | None = None
+
+
+def score_cache() -> ScoreCache | None:
+    """This process's score cache client (None when `TOXFLEET_CACHE` is off); made on first use,
+    in the pool process, never before the fork."""
+    global _cache
+    settings = get_settings()
+    if not settings.cache:
+        return None
+    if _cache is None:
+        client = redis.Redis.from_url(settings.cache_url or settings.redis_url, socket_timeout=2,
+                                      socket_connect_timeout=2)
+        _cache = ScoreCache(client, settings.cache_ttl, settings.cache_max_entries)
+    return _cache
 
 
 score = app.register_task(ScoreTask())

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from api.auth import KeyDep
 from api.deps import JobsDep, SettingsDep
 from api.jobs import JobView
-from api.schemas import JOB_ID_PATTERN, Job, JobAccepted, JobRequest, Progress
+from api.schemas import JOB_ID_PATTERN, Flags, Job, JobAccepted, JobRequest, Progress
 from api.settings import ApiSettings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -36,8 +36,9 @@ def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = 
 
 
 def to_job(view: JobView) -> Job:
+    flags = [Flags(**f) for f in view.flags] if view.flags is not None else None
     return Job(id=view.id, status=view.status, results=view.results, model=view.model, error=view.error,  # type: ignore[arg-type]
-               progress=Progress(done=view.done, total=view.total))
+               progress=Progress(done=view.done, total=view.total), flags=flags, cache_hits=view.cache_hits)
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=_ERRORS)
@@ -54,7 +55,9 @@ async def submit_job(
 ) -> JobAccepted:
     """Enqueue texts for scoring; poll the Location it returns."""
     check_texts(body.texts, settings)
-    job_id, created = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json())
+    thresholds = settings.base_thresholds.override(body.thresholds)
+    job_id, created = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
+                                        long_text=body.long_text, thresholds=thresholds)
     url = f"/v1/jobs/{job_id}"
     response.headers["Location"] = url
     response.headers["Retry-After"] = str(settings.retry_after)
