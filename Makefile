@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick bench-backends export clean
+.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick bench-backends bench-cache export clean
 
 venv: $(VENV)/.installed
 
@@ -59,6 +59,11 @@ bench: venv $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt
 ## The benchmark's smoke version (tiny model, about a minute): writes var/bench-quick.md.
 bench-quick: venv $(MODELS)/tiny/model.ckpt
 	$(PY) -m bench.run --quick --models-dir $(MODELS)
+
+## Score cache on vs off, side by side, with the CLI's bulk-scoring rate (30 % repeated comments).
+bench-cache: venv $(MODELS)/unbiased-small/model.ckpt
+	$(PY) -m bench.cache --checkpoint $(MODELS)/unbiased-small/model.ckpt --hf $(MODELS)/unbiased-small/hf \
+		--json var/bench-cache.json
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -38,3 +38,20 @@ def test_worker_import_does_not_load_the_model() -> None:
     """Importing the worker's Celery app and task (what `celery -A worker` does) loads no torch."""
     assert [m for m in _loaded_after("import worker; worker.app; import worker.tasks") if m.split(".")[0] in
             ("torch", "transformers", "detoxify")] == []
+
+
+@pytest.mark.parametrize("statement", [
+    "import toxfleet.client", "import toxfleet.cli", "import toxfleet.cache", "import toxfleet.thresholds",
+    "from toxfleet.cli import build_parser; build_parser().parse_args(['score', 'x'])"])
+def test_client_side_loads_no_model_code(statement: str) -> None:
+    """The client, the CLI (unless --local) and the cache need neither torch nor worker code."""
+    assert _loaded_after(statement) == []
+
+
+def test_thresholds_are_stdlib_only() -> None:
+    """Thresholds are pure logic: importing them pulls in nothing outside the standard library."""
+    code = ("import sys; before = set(sys.modules); import toxfleet.thresholds; "
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+            "print(sorted(new - set(sys.stdlib_module_names) - {'toxfleet'}))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"

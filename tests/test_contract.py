@@ -37,3 +37,24 @@ def test_chunk_task_ids_are_distinct_and_derived() -> None:
     """Chunk task ids derive from the job id, so the API needs no lookup table."""
     ids = {contract.chunk_task_id("ab" * 16, i) for i in range(50)}
     assert len(ids) == 50 and all(i.startswith("ab" * 16) for i in ids)
+
+
+def test_windows_cover_the_text_with_the_overlap() -> None:
+    """Windows start at 0, end at the text's end, are all full length and overlap by at least the overlap."""
+    for length in (0, 1, 510, 511, 892, 893, 2000, 5001):
+        starts = contract.window_starts(length, 510, 128)
+        assert starts[0] == 0
+        if length <= 510:
+            assert starts == [0]
+            continue
+        assert starts[-1] == length - 510
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        assert all(0 < g <= 510 - 128 for g in gaps), (length, starts)
+
+
+def test_windows_estimate_counts_every_window() -> None:
+    """In windows mode a long text costs a full model length per window; a short one the same as truncate."""
+    long_text = "a" * 8_000  # ~2000 tokens: 5 windows of 510 with 128 overlap
+    assert contract.estimate_tokens(long_text, contract.WINDOWS) == 5 * contract.MODEL_MAX_TOKENS
+    assert contract.estimate_tokens("short", contract.WINDOWS) == contract.estimate_tokens("short")
+    assert len(contract.chunk([long_text] * 4, long_text=contract.WINDOWS)) == 4

@@ -78,7 +78,9 @@ def hf_windows(tokenizer: Any, texts: Sequence[str], overlap: int = WINDOW_OVERL
     start = next(i for i in range(len(with_special)) if with_special[i: i + len(bare)] == bare)
     prefix, suffix = with_special[:start], with_special[start + len(bare):]
     size = max_tokens - len(prefix) - len(suffix)
-    content: list[list[int]] = tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
+    # verbose=False: the "longer than the maximum sequence length" warning is the point here.
+    content: list[list[int]] = tokenizer(list(texts), add_special_tokens=False, truncation=False,
+                                         verbose=False)["input_ids"]
     return [[prefix + ids[s: s + size] + suffix for s in window_starts(len(ids), size, overlap)] for ids in content]
 
 

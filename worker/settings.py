@@ -73,7 +73,7 @@ class WorkerSettings(BaseSettings):
     cache_ttl: int = Field(cache_defaults.DEFAULT_TTL, ge=1, le=365 * 86_400,
                            description="Seconds a cached score lives.")
     cache_max_entries: int = Field(cache_defaults.DEFAULT_MAX_ENTRIES, ge=1, le=1_000_000_000,
-                                   description="Most cached scores kept (about 0.5 KB each); the oldest go first.")
+                                   description="Most cached scores kept (about 0.7 KB each); the oldest go first.")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
