@@ -142,6 +142,7 @@ class JobService:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
         if cached is not None:
             metrics.count_submitted(len(texts), 0)
+            metrics.count_answered_from_cache(len(texts))
             logger.info("job %s answered from the score cache: texts=%d", job_id, len(texts),
                         extra={"texts": len(texts), "messages": 0})
             return job_id, True
@@ -306,6 +307,10 @@ class JobService:
             pipe.zcount(contract.WORKERS_KEY, time.time() - contract.HEARTBEAT_STALE_SECONDS, "+inf")
             depth, unacked, workers = await pipe.execute()
         return int(depth), int(unacked), int(workers)
+
+    async def cache_entries(self) -> int | None:
+        """Entries in the score cache now (None when the cache is off here)."""
+        return await self._cache.entries() if self._cache is not None else None
 
     async def workers(self) -> list[dict[str, Any]]:
         """Workers whose heartbeat is recent, with what they run."""

@@ -33,6 +33,10 @@ QUEUE_DEPTH = Gauge("toxfleet_queue_depth", "Task messages waiting in the Redis 
 QUEUE_UNACKED = Gauge("toxfleet_queue_unacked",
                       "Task messages delivered to workers and not yet acknowledged (buffered or being scored).")
 WORKERS = Gauge("toxfleet_workers", "Workers whose heartbeat is recent.")
+CACHE_JOBS = Counter("toxfleet_cache_answered_jobs",
+                     "Jobs whose texts were all in the score cache, answered by the API without a worker.")
+CACHE_TEXTS = Counter("toxfleet_cache_answered_texts", "Texts in the jobs answered from the score cache alone.")
+CACHE_ENTRIES = Gauge("toxfleet_cache_entries", "Scores in the score cache, read at scrape time (fleet-wide).")
 BROKER_UP = Gauge("toxfleet_broker_up", "1 if Redis answered the last scrape's queue read, else 0.")
 
 
@@ -80,6 +84,15 @@ def count_submitted(texts: int, messages: int) -> None:
     JOBS.inc()
     TEXTS.inc(texts)
     MESSAGES.inc(messages)
+
+
+def count_answered_from_cache(texts: int) -> None:
+    CACHE_JOBS.inc()
+    CACHE_TEXTS.inc(texts)
+
+
+def set_cache_entries(entries: int | None) -> None:
+    CACHE_ENTRIES.set(float("nan") if entries is None else entries)
 
 
 def set_queue(depth: int, unacked: int, workers: int) -> None:

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             for db, (name, cache) in enumerate((("off", "false"), ("on", "true")), start=1):
                 url = f"redis://127.0.0.1:{server.port}/{db}"
                 worker = start_worker(tmp, url, checkpoint, name=f"bench-{name}", concurrency=args.concurrency,
-                                      TOXFLEET_CACHE=cache)
+                                      env={"TOXFLEET_CACHE": cache})
                 api, api_url = start_api(tmp, url, name=f"bench-api-{name}", TOXFLEET_CACHE=cache)
                 procs += [worker, api]
                 fleets[name] = {"redis": redis.Redis.from_url(url), "url": api_url, "env": base_env(url, None)}

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RedisServer, base_env, start_api, start_worker, wait_for
+from tests.conftest import RedisServer, base_env, free_port, start_api, start_worker, wait_for
 from toxfleet import cache as score_cache
 from toxfleet.client import AsyncClient, Client, InvalidRequest, Result
 from toxfleet.corpus import CommentCorpus
@@ -31,9 +31,12 @@ TOXFLEET = str(Path(sys.executable).parent / "toxfleet")  # the installed consol
 def fleet(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path],
           session_tmp: Path) -> Iterator[dict[str, Any]]:
     redis_server.client().flushdb()
-    worker = start_worker(session_tmp, redis_server.url, tiny_checkpoint, name="bulk")
+    metrics_port = free_port()
+    worker = start_worker(session_tmp, redis_server.url, tiny_checkpoint, name="bulk",
+                          env={"TOXFLEET_METRICS_PORT": str(metrics_port)})
     api, url = start_api(session_tmp, redis_server.url, name="bulk-api")
-    yield {"url": url, "worker": worker, "redis": redis_server}
+    yield {"url": url, "worker": worker, "redis": redis_server,
+           "worker_metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     api.stop()
     worker.stop()
 
@@ -59,6 +62,15 @@ def assert_scores(reference: Any, texts: list[str], results: list[dict[str, floa
 
 def scores(results: list[Result]) -> list[dict[str, float]]:
     return [r.scores for r in results]
+
+
+def metric(url: str, name: str) -> float:
+    """A sample's value in a Prometheus endpoint (0 when absent)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def test_client_scores_a_large_input_in_order(fleet: dict[str, Any], reference: Any) -> None:
@@ -121,6 +133,9 @@ def test_fully_cached_job_succeeds_without_a_worker(fleet: dict[str, Any], refer
     at once with every text a cache hit, and reads exactly like a job a worker scored. A partly cached
     job waits for the worker, which scores only the rest."""
     texts = CommentCorpus(34).texts(20)
+    api_metrics = fleet["url"] + "/metrics"
+    answered_before = metric(api_metrics, "toxfleet_cache_answered_texts_total")
+    hits_before = metric(fleet["worker_metrics"], "toxfleet_cache_hits_total")
     with Client(fleet["url"]) as c:
         first = c.submit(texts).wait(timeout=30)
         assert first.cache_hits == 0
@@ -147,6 +162,11 @@ def test_fully_cached_job_succeeds_without_a_worker(fleet: dict[str, Any], refer
         assert_scores(reference, [*texts[:5], "never seen before, not cached"], scores(done.results or []))
     stats = score_cache.ScoreCache(fleet["redis"].client()).stats()
     assert stats["hits"] >= 25 and stats["entries"] >= 21
+    # The same hits in the metrics: the API's for the job it answered alone, the worker's for the rest.
+    assert metric(api_metrics, "toxfleet_cache_answered_texts_total") - answered_before == 20
+    assert metric(api_metrics, "toxfleet_cache_entries") >= 21
+    wait_for(lambda: metric(fleet["worker_metrics"], "toxfleet_cache_hits_total") - hits_before == 5, 10,
+             "worker cache-hit counter")
 
 
 def test_cache_never_answers_for_another_backend(fleet: dict[str, Any], reference: Any) -> None:

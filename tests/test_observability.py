@@ -51,10 +51,13 @@ def fleet(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path], session
 
     redis.Redis.from_url(url).flushdb()
     port = free_port()
+    # Score cache off: the counts below assume every job reaches the worker, and the tests resubmit the
+    # same texts, which the cache would answer (its metrics are tested in test_bulk.py).
     worker = start_worker(session_tmp, url, tiny_checkpoint, name="obs",
-                          env={"TOXFLEET_METRICS_PORT": str(port), "TOXFLEET_LOG_FORMAT": "json"})
+                          env={"TOXFLEET_METRICS_PORT": str(port), "TOXFLEET_LOG_FORMAT": "json",
+                               "TOXFLEET_CACHE": "false"})
     api, api_url = start_api(session_tmp, url, name="obs-api", TOXFLEET_LOG_FORMAT="json",
-                             TOXFLEET_MAX_BODY_BYTES=str(64 * 1024))
+                             TOXFLEET_MAX_BODY_BYTES=str(64 * 1024), TOXFLEET_CACHE="false")
     wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200, 20, "worker metrics")
     yield {"url": api_url, "worker_metrics": f"http://127.0.0.1:{port}/metrics", "worker": worker, "api": api,
            "redis_url": url}

@@ -154,6 +154,9 @@ class AsyncScoreCache:
             return []
         return [_decode(v) for v in await self.client.mget([entry_key(ns, t) for t in texts])]
 
+    async def entries(self) -> int:
+        return int(await self.client.zcard(INDEX_KEY))
+
     async def count_hits(self, hits: int) -> None:
         await self.client.hincrby(STATS_KEY, "hits", hits)
 

@@ -46,7 +46,9 @@ def read_rows(path: str, fmt: str, field: str) -> Iterator[Row]:
             if reader.fieldnames is None or field not in reader.fieldnames:
                 raise SystemExit(f"toxfleet: {path} has no column {field!r} (columns: {reader.fieldnames})")
             for n, record in enumerate(reader):
-                yield Row(n, dict(record), record[field])
+                text = record[field]
+                # A row shorter than the header has None in the missing columns.
+                yield Row(n, dict(record), text, None if text is not None else f"row {n + 1} has no {field!r} value")
             return
         n = 0
         for lineno, line in enumerate(f, 1):

@@ -70,6 +70,10 @@ class WorkerMetrics:
         self.failures = Counter("toxfleet_task_failures", "Task messages failed, by reason: invalid (bad input), "
                                 "scoring (the model raised), worker_lost (its process died on every attempt).",
                                 ["reason"], registry=reg)
+        self.cache_lookups = Counter("toxfleet_cache_lookups", "Texts looked up in the score cache before scoring.",
+                                     registry=reg)
+        self.cache_hits = Counter("toxfleet_cache_hits", "Texts answered from the score cache instead of the model "
+                                  "(hits / lookups is the workers' hit rate).", registry=reg)
 
 
 _metrics: WorkerMetrics | None = None
@@ -102,6 +106,12 @@ def observe_queue_waits(sent_at: Iterable[Any], now: float | None = None) -> Non
     for sent in sent_at:
         if isinstance(sent, int | float):
             histogram.observe(max(0.0, now - sent))
+
+
+def count_cache(lookups: int, hits: int) -> None:
+    if lookups:
+        metrics().cache_lookups.inc(lookups)
+        metrics().cache_hits.inc(hits)
 
 
 def count_tasks(outcome: str, n: int = 1) -> None:

@@ -137,6 +137,7 @@ class ScoreTask(BatchTask):
             for mode in set(modes.values()):
                 rids = [rid for rid in texts if modes[rid] == mode]
                 flat = cache.get(namespace(model, backend, mode), [t for rid in rids for t in texts[rid]])
+                metrics.count_cache(len(flat), sum(f is not None for f in flat))
                 offset = 0
                 for rid in rids:
                     found[rid] = flat[offset: offset + len(texts[rid])]

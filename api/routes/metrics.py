@@ -18,5 +18,9 @@ async def prometheus_metrics(jobs: JobsDep) -> Response:
         metrics.set_queue(*await jobs.queue_stats())
     except RedisError:
         metrics.set_broker_down()
+    try:
+        metrics.set_cache_entries(await jobs.cache_entries())
+    except RedisError:  # the cache may live on its own Redis
+        metrics.set_cache_entries(None)
     body, content_type = metrics.exposition()
     return Response(body, media_type=content_type)
