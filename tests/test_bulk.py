@@ -253,3 +253,13 @@ def test_cli_local_mode_needs_no_fleet(tiny_checkpoint: tuple[Path, Path], refer
     labels = list(reference.class_names)
     assert_scores(reference, texts, [{k: r[k] for k in labels} for r in rows])
     assert all(r["flagged"] == any(r[k] >= 0.3 for k in labels) for r in rows)
+
+
+def test_cli_says_so_when_no_api_answers(tmp_path: Path) -> None:
+    """A wrong --url fails at once with a message naming it (not after the retry budget)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "hello"}\n')
+    t0 = time.monotonic()
+    done = run_cli(["score", str(src), "--url", "http://127.0.0.1:1"], base_env("redis://127.0.0.1:1/0", None))
+    assert done.returncode == 1 and "cannot reach the toxfleet API at http://127.0.0.1:1" in done.stderr
+    assert time.monotonic() - t0 < 30

@@ -143,7 +143,11 @@ def _local(batches: Iterable[list[table.Row]], args: argparse.Namespace,
         raise SystemExit(f"toxfleet: --local needs the worker extra (pip install 'toxfleet[worker]'): {exc}") from None
     threads = args.threads or len(os.sched_getaffinity(0))
     settings = WorkerSettings(torch_threads=threads)
-    scorer = Scorer(load_backend(settings), settings.pass_tokens, settings.pass_texts)
+    try:
+        backend = load_backend(settings)
+    except ImportError as exc:  # the worker package is there, its torch/detoxify are not
+        raise SystemExit(f"toxfleet: --local needs the worker extra (pip install 'toxfleet[worker]'): {exc}") from None
+    scorer = Scorer(backend, settings.pass_tokens, settings.pass_texts)
     flags = Thresholds().override(thresholds)
 
     def score(texts: list[str]) -> list[Scored]:
@@ -162,6 +166,17 @@ def _local(batches: Iterable[list[table.Row]], args: argparse.Namespace,
                 except Exception as exc:
                     scored.append(Scored(None, error=f"scoring failed: {exc!r}"))
         yield rows, _assemble(rows, iter(scored))
+
+
+def _check_reachable(url: str) -> None:
+    """Fail at once, not after the retry budget, when the URL is wrong or nothing listens there."""
+    import httpx
+
+    try:
+        httpx.get(url.rstrip("/") + "/healthz", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"toxfleet: cannot reach the toxfleet API at {url} ({exc}); set --url or TOXFLEET_URL") \
+            from None
 
 
 def _output_row(row: table.Row, scored: Scored, prefix: str) -> dict[str, Any]:
@@ -241,6 +256,7 @@ def score_command(args: argparse.Namespace) -> int:
             outcomes = _local(batches, args, thresholds)
         else:
             client = Client(args.url, args.api_key)
+            _check_reachable(args.url)
             batches = _batched(rows, args.job_size or DEFAULT_JOB_ROWS, DEFAULT_JOB_CHARS)
             outcomes = _remote(client, batches, args, thresholds)
         for batch_rows, scored in outcomes:
