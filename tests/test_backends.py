@@ -75,6 +75,24 @@ def test_onnx_scores_like_torch_with_the_same_json(exported: WorkerSettings) -> 
         assert max(abs(t[k] - o[k]) for k in t) <= 1e-4
 
 
+def test_onnx_backend_scores_long_texts_in_windows_like_torch(exported: WorkerSettings) -> None:
+    """long_text="windows" works on the ONNX backend too: the same windows as torch (its saved
+    tokenizer), the same max-over-windows scores within 1e-4."""
+    from toxfleet.corpus import CommentCorpus
+    from worker.backend import load_backend
+    from worker.scorer import Scorer
+
+    texts = [" ".join(CommentCorpus(9).texts(40)), "short"]
+    torch_backend = load_backend(exported.model_copy(update={"backend": "torch"}))
+    onnx_backend = load_backend(exported.model_copy(update={"backend": "onnx"}))
+    assert onnx_backend.tokenize_windows(texts) == torch_backend.tokenize_windows(texts)
+    assert len(onnx_backend.tokenize_windows(texts)[0]) > 2
+    torch_rows, _ = Scorer(torch_backend, 1024, 16).score(texts, "windows")
+    onnx_rows, _ = Scorer(onnx_backend, 1024, 16).score(texts, "windows")
+    for t, o in zip(torch_rows, onnx_rows, strict=True):
+        assert max(abs(t[k] - o[k]) for k in t) <= 1e-4
+
+
 def test_gate_passes_onnx_fp32_and_checks_the_reference(exported: WorkerSettings) -> None:
     """On the tiny checkpoint the fp32 ONNX export is within 1e-4 of torch on padded passes, and the
     reference's padded passes equal its unpadded scores."""

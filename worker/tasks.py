@@ -106,11 +106,11 @@ class ScoreTask(BatchTask):
                 failed.append(Outcome(req["id"], error=exc))
 
         # Cached texts skip the model; only the rest are scored, then cached in turn.
-        cached = self._cached(scorer.backend.identity, texts, modes, batch_id)
+        cached = self._cached(scorer.backend, texts, modes, batch_id)
         todo = {rid: [t for t, c in zip(ts, cached[rid], strict=True) if c is None] for rid, ts in texts.items()}
         todo = {rid: ts for rid, ts in todo.items() if ts}
         scored = {o.task_id: o for o in self._score(scorer, todo, modes, batch_id)}
-        self._remember(scorer.backend.identity, todo, modes, scored, batch_id)
+        self._remember(scorer.backend, todo, modes, scored, batch_id)
         done = [_merge(rid, cached[rid], scored.get(rid)) for rid in texts]
 
         store.store(done + failed, extra)
@@ -125,18 +125,19 @@ class ScoreTask(BatchTask):
             summary["runtime"] = runtime
         return [outcomes[r["id"]] for r in requests]
 
-    def _cached(self, model: str, texts: dict[str, list[str]], modes: dict[str, str],
+    def _cached(self, backend: Any, texts: dict[str, list[str]], modes: dict[str, str],
                 batch_id: str) -> dict[str, list[Scores | None]]:
-        """Cached scores per request and text (None: not cached), one MGET per long-text mode."""
+        """Cached scores per request and text (None: not cached), one MGET per long-text mode. Keyed
+        by the model identity and the backend this process really runs (`auto` resolved)."""
         found: dict[str, list[Scores | None]] = {rid: [None] * len(ts) for rid, ts in texts.items()}
         cache = score_cache()
         if cache is None or not texts:
             return found
-        backend = get_settings().backend
         try:
             for mode in set(modes.values()):
                 rids = [rid for rid in texts if modes[rid] == mode]
-                flat = cache.get(namespace(model, backend, mode), [t for rid in rids for t in texts[rid]])
+                flat = cache.get(namespace(backend.identity, backend.name, mode),
+                                 [t for rid in rids for t in texts[rid]])
                 metrics.count_cache(len(flat), sum(f is not None for f in flat))
                 offset = 0
                 for rid in rids:
@@ -147,16 +148,15 @@ class ScoreTask(BatchTask):
             return {rid: [None] * len(ts) for rid, ts in texts.items()}
         return found
 
-    def _remember(self, model: str, todo: dict[str, list[str]], modes: dict[str, str],
+    def _remember(self, backend: Any, todo: dict[str, list[str]], modes: dict[str, str],
                   scored: dict[str, Outcome], batch_id: str) -> None:
         cache = score_cache()
         if cache is None:
             return
-        backend = get_settings().backend
         try:
             for mode in set(modes.values()):
                 ok = [rid for rid in todo if modes[rid] == mode and scored[rid].error is None]
-                cache.put(namespace(model, backend, mode), [t for rid in ok for t in todo[rid]],
+                cache.put(namespace(backend.identity, backend.name, mode), [t for rid in ok for t in todo[rid]],
                           [s for rid in ok for s in scored[rid].result])
         except RedisError as exc:
             logger.warning("batch %s: could not write the score cache (%r)", batch_id, exc)
