@@ -4,7 +4,7 @@
     ├── Unauthorized       401  API keys are on and none (or a wrong one) was sent
     ├── JobNotFound        404  unknown (or expired) job id
     ├── IdempotencyMismatch 422 an Idempotency-Key reused with a different body
-    ├── QueueFull          429  more queued work than `max_queue_depth`; retry later
+    ├── QueueFull          429  more waiting work than the backlog limit; retry later
     ├── RateLimited        429  the caller's key is over `rate_limit` requests per second
     ├── BrokerUnavailable  503  Redis did not answer in time; retry later
     ├── ScoringFailed      502  a drop-in endpoint's job failed in the workers

@@ -36,6 +36,9 @@ from toxfleet.thresholds import Thresholds
 JOB_KEY_PREFIX = "toxfleet:job:"
 """Redis key prefix of job manifests."""
 
+PROCESSES_TTL = 2.0
+"""Seconds the API reuses its count of live worker processes (the backpressure limit scales with it)."""
+
 RECHECK_SECONDS = 1.0
 """A long-poll also re-reads its job this often, a safety net under the pub/sub wake-ups."""
 
@@ -96,6 +99,8 @@ class JobService:
         self._cache = cache
         self._result_key = celery.backend.get_key_for_task
         self._waiter = ResultWaiter(redis, settings.redis_timeout)
+        self._processes = 0
+        self._processes_at = -PROCESSES_TTL
 
     async def close(self) -> None:
         await self._waiter.close()
@@ -123,9 +128,7 @@ class JobService:
                 return self._replay(earlier, fingerprint), False
             cached = await self._all_cached(texts, long_text)
             if cached is None:
-                depth = await self._redis.llen(contract.QUEUE)
-                if depth >= self._settings.max_queue_depth:
-                    raise QueueFull(f"queue is full ({depth} messages waiting); retry later")
+                await self._check_backlog()
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.set(manifest_key, manifest, ex=self._settings.result_expires)
                 if cached is not None:
@@ -156,6 +159,28 @@ class JobService:
         logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
                     extra={"texts": len(texts), "messages": len(chunks)})
         return job_id, True
+
+    async def _check_backlog(self) -> None:
+        """QueueFull when the fleet already holds more work than it should: accepted jobs then keep
+        a bounded wait (about backlog / fleet throughput) instead of an ever longer one."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.llen(contract.QUEUE)
+            pipe.hlen(contract.UNACKED_KEY)  # prefetched by workers, not yet done: still waiting work
+            depth, unacked = await pipe.execute()
+        processes = await self._worker_processes()
+        limit = min(self._settings.max_queue_depth, self._settings.backlog_per_process * max(processes, 1))
+        backlog = int(depth) + int(unacked)
+        if backlog >= limit:
+            raise QueueFull(f"queue is full: {backlog} messages waiting for {processes} worker processes "
+                            f"(limit {limit}); retry later")
+
+    async def _worker_processes(self) -> int:
+        """Pool processes of the workers that answer, re-read at most every PROCESSES_TTL seconds."""
+        now = time.monotonic()
+        if now >= self._processes_at + PROCESSES_TTL:
+            self._processes = sum(int(w.get("concurrency", 1)) for w in await self.workers())
+            self._processes_at = now
+        return self._processes
 
     @staticmethod
     def _replay(record: bytes | str | None, fingerprint: str) -> str:

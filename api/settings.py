@@ -28,7 +28,12 @@ class ApiSettings(BaseSettings):
     max_wait: float = Field(30.0, ge=0, le=300, description="Longest long-poll (`?wait=`) in seconds.")
     compat_timeout: float = Field(30.0, gt=0, le=300,
                                   description="How long the drop-in /toxicity endpoints wait for a result.")
-    max_queue_depth: int = Field(10_000, ge=1, description="Queued messages above which new jobs get 429.")
+    max_queue_depth: int = Field(10_000, ge=1, description="Absolute cap on waiting messages (queued or "
+                                 "prefetched by workers); above it new jobs get 429.")
+    backlog_per_process: int = Field(64, ge=1, le=100_000,
+                                     description="Waiting messages (queued or prefetched) allowed per live worker "
+                                                 "process; above it new jobs get 429, so accepted work keeps a "
+                                                 "bounded wait. With no worker answering, one process is assumed.")
     retry_after: int = Field(1, ge=1, le=3600, description="Seconds suggested in Retry-After while a job runs.")
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400,
                                 description="Seconds a job and its results are kept (match the workers').")

@@ -131,7 +131,7 @@ def environment(cores: int, clock_ghz: float | None, fma_units: int) -> dict[str
 
     worker = WorkerSettings().model_dump(include={"pass_tokens", "pass_texts", "batch_tokens", "prefetch_multiplier",
                                                   "torch_threads", "backend"})
-    api = ApiSettings().model_dump(include={"max_queue_depth", "compat_timeout", "max_wait"})
+    api = ApiSettings().model_dump(include={"max_queue_depth", "backlog_per_process", "compat_timeout", "max_wait"})
     return {
         "python": platform.python_version(), "platform": platform.platform(), "versions": versions,
         "redis_server": redis_version,

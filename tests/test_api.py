@@ -159,3 +159,25 @@ def test_many_long_polls_share_a_few_redis_connections(redis_server) -> None:  #
             codes = list(pool.map(lambda i: c.get(f"/v1/jobs/{i}", params={"wait": 1.5}).status_code, ids))
         assert codes == [200] * 150
         assert time.monotonic() - t0 < 10
+
+
+def test_backlog_limit_counts_prefetched_work_and_scales_with_workers(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """The 429 limit is backlog_per_process x live worker processes, and messages workers hold but have
+    not finished (kombu's `unacked` hash) count as waiting too."""
+    import json
+
+    r = redis_server.client()
+    r.flushdb()
+    settings = ApiSettings(redis_url=redis_server.url, backlog_per_process=2)
+    with TestClient(create_app(settings)) as c:
+        r.hset(contract.UNACKED_KEY, mapping={"tag1": "x"})  # one message prefetched by some worker
+        assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202
+        refused = c.post("/v1/jobs", json={"texts": ["b"]})  # 1 queued + 1 prefetched >= 2 x 1 process
+        assert refused.status_code == 429 and "2 messages waiting" in refused.json()["detail"]
+        # A worker with 3 processes starts answering: the limit grows to 6 (after the API's 2 s cache).
+        r.zadd(contract.WORKERS_KEY, {"w@test": time.time()})
+        r.set(contract.WORKER_INFO_PREFIX + "w@test", json.dumps({"hostname": "w@test", "concurrency": 3,
+                                                                 "model": "m", "backend": "torch"}))
+        time.sleep(2.1)
+        codes = [c.post("/v1/jobs", json={"texts": [f"c{i}"]}).status_code for i in range(5)]
+        assert codes == [202, 202, 202, 202, 429]

@@ -35,7 +35,7 @@ from toxfleet.corpus import CommentCorpus
 
 pytestmark = pytest.mark.faults
 
-VISIBILITY = "10"
+VISIBILITY = "30"
 """Visibility timeout for these tests, so redelivery after a dead worker takes seconds, not minutes."""
 
 
