@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -287,3 +290,73 @@ def test_kernel_signature_keeps_only_kernel_relevant_flags(tmp_path: Path) -> No
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 amx_int8 avx2 avx512_vnni hypervisor\n")
     assert kernel_signature(cpu_flags(cpuinfo)) == "avx2,avx512_vnni,amx_int8"
     assert kernel_signature(set()) == "baseline"
+
+
+def _private_checkpoint(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny checkpoint copied under tmp_path, so that exports next to it (the image's layout, no
+    TOXFLEET_EXPORT_DIR) stay there; its hf/ directory is read where it is."""
+    ckpt = tmp_path / "tiny" / "model.ckpt"
+    ckpt.parent.mkdir()
+    shutil.copyfile(tiny_checkpoint[0], ckpt)
+    return ckpt.resolve(), tiny_checkpoint[1]
+
+
+def _worker_log(tmp_path: Path, redis_url: str, checkpoint: tuple[Path, Path], name: str) -> str:
+    """Start a real worker with default settings (no TOXFLEET_BACKEND), wait until it is ready, stop it."""
+    from tests.conftest import start_worker
+
+    worker = start_worker(tmp_path, redis_url, checkpoint, name=name, concurrency=1)
+    try:
+        return worker.output()
+    finally:
+        worker.stop()
+
+
+def test_default_worker_without_a_decision_runs_torch_and_says_why(tiny_checkpoint: tuple[Path, Path],
+                                                                    tmp_path: Path, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """A real worker with default settings (`auto`) and no export next to its checkpoint runs the torch
+    reference, logs why in its main and pool processes, and exports nothing."""
+    checkpoint = _private_checkpoint(tiny_checkpoint, tmp_path)
+    exports = checkpoint[0].parent / "exports"
+    log = _worker_log(tmp_path, redis_server.url, checkpoint, "auto-none")
+    assert f"backend torch (reference: no fidelity decision at {exports}/" in log, log[-3000:]
+    assert "TOXFLEET_BACKEND=auto: using torch (reference: no fidelity decision" in log
+    assert re.search(r"pool process \d+ loaded \S+ \(torch backend\)", log), log[-3000:]
+    assert not exports.exists()
+
+
+@pytest.mark.slow
+def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
+        exported: WorkerSettings, tiny_checkpoint: tuple[Path, Path], tmp_path: Path, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Dockerfile.worker's export command (gate on), run verbatim without TOXFLEET_EXPORT_DIR, writes the
+    decision next to the checkpoint; a default worker then runs the chosen backend, and on a CPU whose
+    flags differ from the decision's it runs torch and says why."""
+    from tests.deployfiles import parse_dockerfile, shell_commands
+    from worker.selection import Decision
+
+    checkpoint = _private_checkpoint(tiny_checkpoint, tmp_path)
+    # The export itself is the module fixture's (built and checked there); the command finds it current.
+    source, sha = export.export_location(exported)
+    target = checkpoint[0].parent / "exports" / sha
+    shutil.copytree(source, target)
+    build = parse_dockerfile(ROOT / "Dockerfile.worker").stage("build")
+    (step,) = [i.args for i in build.instructions if i.keyword == "RUN" and "worker.export" in i.args]
+    (command,) = [c for c in shell_commands(step) if "worker.export" in c and "--no-gate" not in c]
+    n = next(i for i, word in enumerate(command) if word == "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
+    env.update(dict(w.partition("=")[::2] for w in command[:n]), TOXFLEET_CHECKPOINT=str(checkpoint[0]),
+               TOXFLEET_HF_CONFIG=str(checkpoint[1]))
+    done = subprocess.run([sys.executable, *command[n + 1:]], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    decision = Decision.read(target)
+    assert f"auto -> {decision.chosen} (written to {target}/" in done.stdout
+
+    log = _worker_log(tmp_path, redis_server.url, checkpoint, "auto-decided")
+    assert f"backend {decision.chosen} (fastest that passed the fidelity gate" in log, log[-3000:]
+    assert f"({decision.chosen} backend)" in log
+
+    dataclasses.replace(decision, kernel_signature="avx2").write(target)
+    log = _worker_log(tmp_path, redis_server.url, checkpoint, "auto-other-cpu")
+    assert "backend torch (reference: decision was made on a CPU with [avx2]" in log, log[-3000:]
+    assert "(torch backend)" in log

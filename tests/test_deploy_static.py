@@ -279,14 +279,25 @@ def test_worker_torch_comes_from_the_cpu_index_first() -> None:
 
 def test_worker_requirements_are_pyprojects(tmp_path: Path) -> None:
     """The build's requirements list, generated from pyproject.toml by its own one-liner, is exactly
-    the base dependencies plus the `worker` extra."""
+    the base dependencies plus the `worker` and `onnx` extras (the export's), each requirement once."""
     (step,) = [r for r in _run_steps(WORKER_FILE, "build") if "/tmp/requirements.txt" in r]
     generate = shell_commands(step.split(" > /tmp/requirements.txt")[0])[0]
     assert generate[:2] == ["python", "-c"]
     result = subprocess.run([sys.executable, "-c", generate[2]], cwd=ROOT, capture_output=True, text=True,
                             timeout=30, check=True)
     project = PYPROJECT["project"]
-    assert result.stdout.splitlines() == project["dependencies"] + project["optional-dependencies"]["worker"]
+    extras = project["optional-dependencies"]
+    expected = list(dict.fromkeys(project["dependencies"] + extras["worker"] + extras["onnx"]))
+    assert result.stdout.splitlines() == expected
+    assert len(expected) < len(project["dependencies"] + extras["worker"] + extras["onnx"])  # onnxruntime: once
+
+
+def test_onnx_extra_pulls_no_gpu_stack() -> None:
+    """The export's extra (onnx, onnxscript, onnxruntime) reaches no CUDA wheel and no torch of its own,
+    transitively, so the worker build's CUDA guard keeps holding."""
+    pulled = _closure(PYPROJECT["project"]["optional-dependencies"]["onnx"], set())
+    assert {"onnx", "onnxscript", "onnxruntime"} <= pulled
+    assert not {d for d in pulled if d == "torch" or d.startswith("nvidia")}
 
 
 def test_worker_build_fails_if_cuda_creeps_in() -> None:
@@ -379,11 +390,92 @@ def test_worker_build_args_default_to_the_settings_defaults() -> None:
     assert env["TOXFLEET_MODEL"] == "${TOXFLEET_MODEL}" and env["TOXFLEET_BACKEND"] == "${TOXFLEET_BACKEND}"
 
 
-def test_export_hook_runs_only_for_other_backends() -> None:
-    """The ahead-of-time export step exists and is skipped for the default torch backend."""
-    (hook,) = [i.args for i in WORKER_FILE.stage("build").instructions if "worker.export" in i.args]
-    assert hook.startswith('if [ "$TOXFLEET_BACKEND" != "torch" ]; then')
-    assert "python -m worker.export" in hook
+def test_fargate_doc_lists_the_worker_build_arguments_with_their_defaults() -> None:
+    """docs/deploy-fargate.md's table of Dockerfile.worker's build arguments has one row per argument a
+    build may set (all but the base image), each with the Dockerfile's default."""
+    section = FARGATE_DOC.split("Build arguments of `Dockerfile.worker`:", 1)[1].split("\n\n", 2)[1]
+    rows = {cells[0].strip("`"): cells[1].strip("`") for line in section.splitlines()[2:]
+            for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]}
+    declared = {**WORKER_FILE.args(WORKER_FILE.stage("build")), **WORKER_FILE.global_args}
+    declared.pop("PYTHON_IMAGE")
+    assert rows == declared
+
+
+def _export_step() -> str:
+    (step,) = [r for r in _run_steps(WORKER_FILE, "build") if "worker.export" in r]
+    return step
+
+
+def test_worker_default_backend_is_auto() -> None:
+    """The worker image (and the settings it mirrors) defaults to `auto`, which needs the build's export."""
+    assert WORKER_FILE.global_args["TOXFLEET_BACKEND"] == "auto" == WorkerSettings.model_fields["backend"].default
+
+
+def test_export_step_runs_offline_after_the_model_and_the_project() -> None:
+    """The export runs after the offline model check (so after the project is installed), from the
+    installed package (-P) with HF_HUB_OFFLINE=1, without --out, and EXPORT_GATE defaults to the gate."""
+    assert _step_index(WORKER_FILE, "build", "RUN", "check_weights(s)") < _step_index(
+        WORKER_FILE, "build", "RUN", "worker.export")
+    exports = [c for c in shell_commands(_export_step()) if "worker.export" in c]
+    assert len(exports) == 2, exports
+    for command in exports:
+        assert command[:5] == ["HF_HUB_OFFLINE=1", "python", "-P", "-m", "worker.export"], command
+        assert not any(w.startswith("--out") for w in command)
+    assert sorted(c[5:] for c in exports) == [[], ["--no-gate"]]
+    assert WORKER_FILE.args(WORKER_FILE.stage("build"))["EXPORT_GATE"] == "1"
+
+
+@pytest.mark.parametrize(("prefetch", "backend", "gate", "expected"), [
+    ("1", "auto", "1", ["-P", "-m", "worker.export"]),
+    ("1", "auto", "0", ["-P", "-m", "worker.export", "--no-gate"]),
+    ("1", "onnx-int8", "1", ["-P", "-m", "worker.export"]),
+    ("1", "torch-int8", "0", ["-P", "-m", "worker.export", "--no-gate"]),
+    ("1", "torch", "1", None),
+    ("0", "auto", "1", None),
+    ("0", "onnx", "1", None),
+])
+def test_export_step_runs_the_export_unless_torch_or_no_weights(
+        tmp_path: Path, prefetch: str, backend: str, gate: str, expected: list[str] | None) -> None:
+    """The export step's shell, run by a real sh with a recording `python` in place of the real one:
+    it exports (with the gate unless EXPORT_GATE=0, always offline) whenever the image has weights,
+    and skips the export for TOXFLEET_BACKEND=torch or PREFETCH_MODEL=0."""
+    sh = shutil.which("sh")
+    assert sh is not None
+    record = tmp_path / "argv"
+    stub = tmp_path / "bin" / "python"
+    stub.parent.mkdir()
+    stub.write_text(f'#!{sh}\necho "$HF_HUB_OFFLINE $*" > {shlex.quote(str(record))}\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "PREFETCH_MODEL": prefetch, "TOXFLEET_BACKEND": backend,
+           "EXPORT_GATE": gate}
+    result = subprocess.run([sh, "-c", _export_step()], env=env, capture_output=True, text=True, timeout=10)
+    assert result.returncode == 0, result.stderr
+    if expected is None:
+        assert not record.exists() and "no ahead-of-time export" in result.stdout
+    else:
+        assert record.read_text().split() == ["1", *expected]
+
+
+def test_worker_export_lands_where_the_runtime_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the image's named model, the export root is next to the checkpoint in the build's TORCH_HOME,
+    which the runtime stage copies; neither stage sets TOXFLEET_EXPORT_DIR, and the runtime gets the
+    build's virtualenv (onnxruntime, for the ONNX backends)."""
+    from worker import export
+    from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint
+
+    build, runtime = WORKER_FILE.stage("build"), IMAGES["worker"][1]
+    monkeypatch.setenv("TORCH_HOME", WORKER_FILE.env(build)["TORCH_HOME"])
+    monkeypatch.delenv("TOXFLEET_EXPORT_DIR", raising=False)
+    checkpoint = _torch_hub_checkpoint(DETOXIFY_URLS[WORKER_FILE.global_args["TOXFLEET_MODEL"]])
+    root = export.export_root(WorkerSettings(), checkpoint)
+    assert root == checkpoint.parent / "exports"
+    assert root.is_relative_to("/opt/toxfleet") and WORKER_FILE.env(runtime)["TORCH_HOME"] == str(
+        root.parents[2])
+    copies = [i.args for i in runtime.instructions if i.keyword == "COPY"]
+    assert {"--from=build /opt/toxfleet /opt/toxfleet", "--from=build /opt/venv /opt/venv"} <= set(copies)
+    for stage in (build, runtime):
+        assert not any("TOXFLEET_EXPORT_DIR" in i.args for i in WORKER_FILE.effective(stage, "ENV"))
+        assert not any("TOXFLEET_EXPORT_DIR" in i.args for i in WORKER_FILE.effective(stage, "RUN"))
 
 
 @pytest.mark.skipif(shutil.which("hadolint") is None and not (Path(sys.prefix) / "bin" / "hadolint").exists(),
@@ -452,6 +544,18 @@ SERVICES = COMPOSE["services"]
 def test_compose_services() -> None:
     """Compose runs exactly Redis, the API, the workers, Flower and the backlog publisher."""
     assert set(SERVICES) == {"redis", "api", "worker", "flower", "backlog"}
+
+
+@pytest.mark.parametrize(("files", "service"), [(("docker-compose.yml",), "worker"),
+                                               (("docker-compose.yml", "docker-compose.offline.yml"), "worker"),
+                                               (("docker-compose.yml", "docker-compose.offline.yml"), "synth")])
+def test_compose_builds_the_worker_with_the_dockerfile_defaults(files: tuple[str, ...], service: str) -> None:
+    """Unset, Compose's TOXFLEET_MODEL/TOXFLEET_BACKEND build args are Dockerfile.worker's defaults
+    (`auto` included), so `docker compose build` and `docker build` make the same image."""
+    args = load_compose(*files)["services"][service]["build"]["args"]
+    for name in ("TOXFLEET_MODEL", "TOXFLEET_BACKEND"):
+        assert interpolate(args[name], {}) == WORKER_FILE.global_args[name]
+        assert interpolate(args[name], {name: "torch"}) == "torch"
 
 
 @pytest.mark.parametrize("name", ["redis", "api", "worker", "flower"])

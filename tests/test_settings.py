@@ -5,19 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import AliasChoices, ValidationError
 
 from api.settings import ApiSettings
 from worker.settings import WorkerSettings
 
 
 def test_defaults_are_sane(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no environment, both tiers default to a local Redis and the unbiased-small model."""
-    for var in ("REDIS_URL", "TOXFLEET_CHECKPOINT", "TOXFLEET_HF_CONFIG", "TOXFLEET_MODEL"):
+    """With no environment, both tiers default to a local Redis and the unbiased-small model, and the
+    worker to `auto` (the gate's choice, else the torch reference) reading exports next to the checkpoint."""
+    for var in ("REDIS_URL", "TOXFLEET_CHECKPOINT", "TOXFLEET_HF_CONFIG", "TOXFLEET_MODEL", "TOXFLEET_BACKEND",
+                "TOXFLEET_EXPORT_DIR"):
         monkeypatch.delenv(var, raising=False)
     w, a = WorkerSettings(), ApiSettings()
     assert w.redis_url == a.redis_url == "redis://127.0.0.1:6379/0"
     assert w.model == "unbiased-small" and w.torch_threads == 1
+    assert w.backend == "auto" and w.export_dir is None
     assert w.result_expires == a.result_expires and w.visibility_timeout == a.visibility_timeout
 
 
@@ -54,3 +57,36 @@ def test_checkpoint_identity_names_the_file(tmp_path: Path, monkeypatch: pytest.
     ckpt.write_bytes(b"x")
     monkeypatch.setenv("TOXFLEET_CHECKPOINT", str(ckpt))
     assert WorkerSettings().model_identity == "checkpoint:mine/model.ckpt"
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_configuration() -> dict[str, str]:
+    """README's configuration table as {variable: default cell}; an `A` / `B` row gives each its part."""
+    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        names = [n.strip().strip("`") for n in cells[0].split(" / ")]
+        defaults = [d.strip().strip("`") for d in cells[1].split(" / ")]
+        rows.update(zip(names, defaults if len(defaults) == len(names) else [cells[1]] * len(names), strict=True))
+    return rows
+
+
+def test_readme_lists_every_worker_setting_with_its_default() -> None:
+    """README's configuration table names every variable WorkerSettings reads, with the field's default
+    wherever the field has one (None defaults are described in words there)."""
+    rows = _readme_configuration()
+    for name, field in WorkerSettings.model_fields.items():
+        alias = field.validation_alias
+        variable = str(alias.choices[0]) if isinstance(alias, AliasChoices) else f"TOXFLEET_{name.upper()}"
+        assert variable in rows, f"README.md's configuration table lacks {variable}"
+        default = field.default
+        if default is None:
+            continue
+        if isinstance(default, float) and default.is_integer():
+            default = int(default)
+        assert rows[variable] == str(default), (variable, rows[variable], default)

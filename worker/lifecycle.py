@@ -50,6 +50,8 @@ _scorer: Scorer | None = None
 _loaded: Any = None  # multiprocessing.Value("i"): model loads completed by this worker's pool processes
 _backend_name: str | None = None
 """The backend `auto` resolved to in the main process, for the heartbeat (pool processes resolve alike)."""
+_backend_why = ""
+"""Why that backend (the gate's decision, or why `auto` runs the reference), logged once the worker is ready."""
 
 
 def scorer() -> Scorer:
@@ -107,17 +109,16 @@ def check_weights(settings: WorkerSettings) -> None:
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     from worker.tasks import score
 
-    global _loaded, _backend_name
+    global _loaded, _backend_name, _backend_why
     settings = get_settings()
     check_weights(settings)
     from worker.export import ExportError
     from worker.selection import check_backend
 
     try:
-        _backend_name, why = check_backend(settings)
+        _backend_name, _backend_why = check_backend(settings)
     except ExportError as exc:
         raise SystemExit(f"toxfleet worker: TOXFLEET_BACKEND={settings.backend}: {exc}") from None
-    logger.info("backend %s (%s)", _backend_name, why)
     # Shared memory the pool processes (forked later) count their finished model loads into.
     _loaded = multiprocessing.Value("i", 0)
     score.batch_tokens = settings.batch_tokens
@@ -211,6 +212,9 @@ _heartbeat: _Heartbeat | None = None
 @signals.worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
     global _heartbeat
+    # Logged here, not at worker_init: Celery sets up logging after worker_init, and with text logs a
+    # line logged before that is dropped.
+    logger.info("backend %s (%s)", _backend_name, _backend_why)
     _heartbeat = _Heartbeat(sender.hostname, sender.controller.concurrency)
     _heartbeat.start()
 

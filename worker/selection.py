@@ -95,8 +95,13 @@ def resolve_backend(settings: WorkerSettings) -> tuple[str, str]:
     if reason is not None:
         return REFERENCE, f"reference: {reason}; rerun `python -m worker.export` here"
     row = next((r for r in decision.rows if r.get("backend") == decision.chosen), {})
-    return decision.chosen, (f"fastest that passed the fidelity gate: {row.get('texts_per_s', '?')} texts/s, "
-                             f"max abs diff {row.get('max_abs', '?')}")
+    return decision.chosen, (f"fastest that passed the fidelity gate: {_number(row.get('texts_per_s'), '.1f')} "
+                             f"texts/s, max abs diff {_number(row.get('max_abs'), '.2e')}")
+
+
+def _number(value: Any, spec: str) -> str:
+    """A gate figure for the log line; `?` when the decision lacks it."""
+    return format(value, spec) if isinstance(value, int | float) else "?"
 
 
 def check_backend(settings: WorkerSettings) -> tuple[str, str]:

@@ -31,11 +31,12 @@ class WorkerSettings(BaseSettings):
     checkpoint: Path | None = Field(None, description="Detoxify-format .ckpt to load instead of downloading.")
     hf_config: Path | None = Field(None, description="Directory with the HF config and tokenizer (offline).")
     backend: str = Field(
-        "torch",
-        description="Inference backend: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, "
-                    "`torch-bf16`, `onnx`, `onnx-int8`, or `auto`: the fastest backend that passed the fidelity "
-                    "gate for this checkpoint on this CPU (`python -m worker.export` decides; without a decision "
-                    "for this checkpoint, CPU and runtime, `auto` is `torch`). See docs/backends.md.")
+        "auto",
+        description="Inference backend: `auto` (the default): the fastest backend that passed the fidelity gate "
+                    "for this checkpoint on this kind of CPU (`python -m worker.export` decides; without a valid "
+                    "decision for this checkpoint, CPU and runtime, `auto` runs `torch` and logs why); or one by "
+                    "name: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, `torch-bf16`, "
+                    "`onnx`, `onnx-int8`. See docs/backends.md.")
     export_dir: Path | None = Field(
         None,
         description="Directory holding ahead-of-time ONNX exports, one subdirectory per checkpoint sha256; "
