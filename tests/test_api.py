@@ -151,7 +151,7 @@ def test_many_long_polls_share_a_few_redis_connections(redis_server) -> None:  #
     import concurrent.futures
 
     redis_server.client().flushdb()
-    settings = ApiSettings(redis_url=redis_server.url, redis_max_connections=8, max_wait=5)
+    settings = ApiSettings(redis_url=redis_server.url, redis_max_connections=8, max_wait=5, backlog_per_process=1000)
     with TestClient(create_app(settings)) as c:
         ids = [c.post("/v1/jobs", json={"texts": [f"t{i}"]}).json()["id"] for i in range(150)]
         t0 = time.monotonic()

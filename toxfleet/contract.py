@@ -33,10 +33,10 @@ MAX_TEXTS_PER_JOB = 1_000
 MAX_TEXT_CHARS = 20_000
 """Default cap on characters per text (the model reads at most 512 tokens, about 2,000 characters)."""
 
-CHUNK_TOKENS = 1_024
+CHUNK_TOKENS = 512
 """Estimated tokens per task message when the API splits a job (see `estimate_tokens`)."""
 
-CHUNK_TEXTS = 16
+CHUNK_TEXTS = 8
 """Most texts per task message when the API splits a job: large jobs become many messages, so
 several workers share them and small jobs are not stuck behind one long message."""
 

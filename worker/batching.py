@@ -71,7 +71,7 @@ class BatchTask(Task):  # type: ignore[misc]
         # Created once per task object, not per Strategy call: Celery rebuilds strategies when the
         # consumer reconnects to the broker, while batches dispatched before that are still running.
         self._buffer: deque[tuple[Request, int]] = deque()
-        self._in_flight: set[str] = set()
+        self._in_flight: dict[str, int] = {}  # batch id -> its estimated tokens
         self._pool: Any = None
 
     def run_batch(self, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -126,33 +126,36 @@ class BatchTask(Task):  # type: ignore[misc]
     def _concurrency(self) -> int:
         return int(getattr(self._pool, "num_processes", None) or getattr(self._pool, "limit", 1) or 1)
 
-    def _take(self, budget: int) -> list[Request]:
-        """Requests for one pool call: up to `budget` estimated tokens (at least one request); a
-        retried request alone."""
+    def _take(self, budget: int) -> tuple[list[Request], int]:
+        """Requests for one pool call and their estimated tokens: up to `budget` (at least one
+        request); a retried request alone."""
         batch: list[Request] = []
+        tokens = 0
         while self._buffer:
             req, cost = self._buffer[0]
             retried = req.request_dict.get("retries", 0) > 0
-            if batch and (retried or cost > budget):
+            if batch and (retried or tokens + cost > budget):
                 break
             self._buffer.popleft()
             batch.append(req)
-            budget -= cost
+            tokens += cost
             if retried:
                 break
-        return batch
+        return batch, tokens
 
     def _flush(self) -> None:
         while self._buffer and len(self._in_flight) < self._concurrency():
-            idle = self._concurrency() - len(self._in_flight)
-            waiting = sum(cost for _, cost in self._buffer)
-            self._dispatch(self._take(min(self.batch_tokens, -(-waiting // idle))))
+            # Aim every process at an equal share of all the work in hand (waiting and running):
+            # a process freed next to a long batch then takes its share and leaves the rest for
+            # the other, instead of the fleet settling into one huge slow batch beside small ones.
+            work = sum(cost for _, cost in self._buffer) + sum(self._in_flight.values())
+            self._dispatch(*self._take(min(self.batch_tokens, -(-work // self._concurrency()))))
 
-    def _dispatch(self, batch: list[Request]) -> None:
+    def _dispatch(self, batch: list[Request], tokens: int) -> None:
         batch_id = uuid()[:12]
         payload = [{"id": r.id, "args": r.args, "kwargs": r.kwargs, "retries": r.request_dict.get("retries", 0),
                     "sent_at": r.request_dict.get(SENT_AT_HEADER)} for r in batch]
-        self._in_flight.add(batch_id)
+        self._in_flight[batch_id] = tokens
 
         def on_accepted(pid: int, time_accepted: float) -> None:
             for r in batch:
@@ -163,13 +166,13 @@ class BatchTask(Task):  # type: ignore[misc]
                 task_accepted(r)
 
         def on_return(outcomes: list[dict[str, Any]]) -> None:
-            self._in_flight.discard(batch_id)
+            self._in_flight.pop(batch_id, None)
             for r, outcome in zip(batch, outcomes, strict=True):
                 self._finish(r, outcome)
             self._flush()
 
         def on_error(einfo: ExceptionInfo) -> None:
-            self._in_flight.discard(batch_id)
+            self._in_flight.pop(batch_id, None)
             reason = f"worker process lost while scoring: {einfo.exception!r}"
             logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason,
                          extra={"batch_id": batch_id, "task_ids": [r.id for r in batch]})

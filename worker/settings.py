@@ -49,10 +49,12 @@ class WorkerSettings(BaseSettings):
     pass_tokens: int = Field(1024, ge=64, le=65536,
                              description="Most padded tokens (texts x longest) in one forward pass.")
     pass_texts: int = Field(16, ge=1, le=1024, description="Most texts in one forward pass.")
-    batch_tokens: int = Field(2048, ge=512, le=1_000_000,
-                              description="Estimated tokens a worker process takes from its buffer at once.")
-    prefetch_multiplier: int = Field(32, ge=1, le=10_000,
-                                     description="Celery prefetch per process; must cover a full batch per process.")
+    batch_tokens: int = Field(8192, ge=512, le=1_000_000,
+                              description="Most estimated tokens a worker process takes from its buffer at once "
+                                          "(large batches sort into passes with little padding).")
+    prefetch_multiplier: int = Field(64, ge=1, le=10_000,
+                                     description="Celery prefetch per process (messages); must cover a full batch "
+                                                 "per process, or batches never fill.")
     visibility_timeout: int = Field(120, ge=5, le=86_400,
                                     description="Seconds before Redis redelivers a message whose worker died; "
                                                 "must exceed the longest a message waits in a worker's buffer.")
