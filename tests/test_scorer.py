@@ -62,3 +62,18 @@ def test_sorted_passes_pad_less_than_arrival_order(detoxify_model) -> None:  # t
     ids = TorchBackend(detoxify_model, "tiny").tokenize(texts)
     arrival_padded = sum(len(ids[i:i + 8]) * max(len(s) for s in ids[i:i + 8]) for i in range(0, 64, 8))
     assert sorted_stats.padded_tokens < 0.6 * arrival_padded
+
+
+def test_plan_passes_does_not_pad_short_texts_to_long_ones() -> None:
+    """Short and long texts go to separate passes when the padding saved outweighs a pass's overhead,
+    although the cap would let them share one."""
+    lengths = [20, 25, 30, 60, 61, 120]
+    passes = plan_passes(lengths, max_tokens=1024, max_texts=16, overhead=16)
+    padded = sum(len(p) * max(lengths[i] for i in p) for p in passes)
+    assert padded <= 340 < 6 * 120
+    assert [sorted(lengths[i] for i in p) for p in passes] == [[20, 25, 30], [60, 61], [120]]
+
+
+def test_plan_passes_merges_when_the_overhead_dominates() -> None:
+    """Texts of nearly equal length share a pass: another pass would cost more than it saves."""
+    assert len(plan_passes([50, 51, 52, 53], max_tokens=1024, max_texts=16, overhead=16)) == 1
