@@ -24,7 +24,8 @@ FLOWER_AUTH = ("tester", "s3cret-flower")
 def fleet(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path], session_tmp: Path) -> Iterator[dict[str, Any]]:
     redis_server.client().flushdb()
     worker = start_worker(session_tmp, redis_server.url, tiny_checkpoint, name="e2e")
-    api, url = start_api(session_tmp, redis_server.url, name="e2e-api")
+    # The blocker job below is 200 messages on its own; backpressure has its own tests in test_api.py.
+    api, url = start_api(session_tmp, redis_server.url, name="e2e-api", TOXFLEET_BACKLOG_PER_PROCESS="10000")
     port = free_port()
     flower = Proc("flower", [sys.executable, "-m", "celery", "-A", "worker", "flower", "--address=127.0.0.1",
                              f"--port={port}"],

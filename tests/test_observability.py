@@ -217,7 +217,7 @@ def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue:
     from api.settings import ApiSettings
 
     with httpx.Client(base_url=idle_queue["url"], timeout=10) as c:
-        for n in (2, 20, 1):  # 1 + 2 + 1 messages
+        for n in (2, 2 * contract.CHUNK_TEXTS, 1):  # 1 + 2 + 1 messages
             assert c.post("/v1/jobs", json={"texts": ["queued text"] * n}).status_code == 202
     celery = make_celery(ApiSettings(redis_url=idle_queue["redis_url"]))
     with celery.connection_for_read() as conn:

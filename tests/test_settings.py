@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import AliasChoices, ValidationError
+from pydantic import AliasChoices, SecretStr, ValidationError
+from pydantic_core import PydanticUndefined
 
 from api.settings import ApiSettings
 from worker.settings import WorkerSettings
@@ -76,17 +77,22 @@ def _readme_configuration() -> dict[str, str]:
     return rows
 
 
-def test_readme_lists_every_worker_setting_with_its_default() -> None:
-    """README's configuration table names every variable WorkerSettings reads, with the field's default
-    wherever the field has one (None defaults are described in words there)."""
+@pytest.mark.parametrize("settings", [WorkerSettings, ApiSettings], ids=["worker", "api"])
+def test_readme_lists_every_setting_with_its_default(settings: type[WorkerSettings] | type[ApiSettings]) -> None:
+    """README's configuration table names every variable each tier reads, with the field's default
+    wherever the field has a plain one (None, empty secrets and factories are described in words there)."""
     rows = _readme_configuration()
-    for name, field in WorkerSettings.model_fields.items():
+    for name, field in settings.model_fields.items():
         alias = field.validation_alias
         variable = str(alias.choices[0]) if isinstance(alias, AliasChoices) else f"TOXFLEET_{name.upper()}"
         assert variable in rows, f"README.md's configuration table lacks {variable}"
         default = field.default
-        if default is None:
+        if default is None or default is PydanticUndefined or isinstance(default, SecretStr):
             continue
-        if isinstance(default, float) and default.is_integer():
-            default = int(default)
-        assert rows[variable] == str(default), (variable, rows[variable], default)
+        if isinstance(default, bool):
+            shown = str(default).lower()  # as the environment variable is written
+        elif isinstance(default, float) and default.is_integer():
+            shown = str(int(default))
+        else:
+            shown = str(default)
+        assert rows[variable] == shown, (variable, rows[variable], shown)
