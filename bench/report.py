@@ -37,6 +37,10 @@ TARGETS = {"throughput_vs_baseline": 1.4, "throughput_vs_ceiling": 0.85, "p99_vs
 DISTURBED_CPU = 0.2
 """Cores used by other programs (median over windows) above which the report says the run was disturbed."""
 
+NOTES = "notes.md"
+"""Hand-written reading of the figures (and tables from other benchmarks), kept beside the plots and
+placed after the header on every re-render, so regenerating the report does not erase it."""
+
 BOUNDED_GROWTH = 0.2
 """Open loop: called bounded when the requests outstanding grew, over the last window, by at most this
 fraction of the requests that arrived in it. Above capacity an unbounded queue keeps growing by
@@ -412,6 +416,9 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         "meanwhile: well above 0 means a neighbour disturbed the run.",
         "",
     ]
+    notes = plot_dir / NOTES
+    if not quick and notes.is_file():
+        lines += [notes.read_text().rstrip(), ""]
     for name, model in results["models"].items():
         files = plots(name, model, plot_dir)
         prof = model["profile"]

@@ -257,15 +257,20 @@ class Job:
                 attempt += 1
 
 
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"User-Agent": "toxfleet-client"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
 class Client:
     """Blocking client. Use as a context manager, or call `close()`."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
                  poll_wait: float = DEFAULT_POLL_WAIT, retry_for: float = DEFAULT_RETRY_FOR,
                  transport: httpx.BaseTransport | None = None) -> None:
-        headers = {"User-Agent": "toxfleet-client"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+        headers = _headers(api_key)
         self.poll_wait = poll_wait
         self.retry_for = retry_for
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
@@ -406,9 +411,7 @@ class AsyncClient:
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
                  poll_wait: float = DEFAULT_POLL_WAIT, retry_for: float = DEFAULT_RETRY_FOR,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        headers = {"User-Agent": "toxfleet-client"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+        headers = _headers(api_key)
         self.poll_wait = poll_wait
         self.retry_for = retry_for
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
