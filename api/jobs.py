@@ -21,6 +21,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
+from celery.backends.redis import RedisBackend
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
@@ -69,9 +70,24 @@ class JobView:
         return self.status in ("succeeded", "failed")
 
 
+class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
+    """Celery's Redis result backend, minus the subscription it opens for every task sent.
+
+    `send_task` subscribes the sender to the task's result channel so that `AsyncResult.get()` can
+    wait on it, and unsubscribes when the result object is collected: two commands per message on a
+    pub/sub connection per thread, whose confirmations nobody reads, and redis-py's PubSub keeps every
+    channel name until it reads one, so memory grows with every job. The API never calls `.get()`; it
+    reads result keys itself and waits with its own shared subscription (`api.waiter`)."""
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        return None
+
+
 def make_celery(settings: ApiSettings) -> Celery:
     """A client-only Celery app: it sends tasks by name and never imports worker code."""
-    app = Celery("toxfleet-api", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
+    # "<class>+<url>" is Celery's own syntax for a backend class with a URL.
+    backend = f"{SendOnlyRedisBackend.__module__}:{SendOnlyRedisBackend.__qualname__}+{settings.redis_url}"
+    app = Celery("toxfleet-api", broker=settings.redis_url, backend=backend, set_as_current=False)
     app.conf.update(
         celery_config(visibility_timeout=settings.visibility_timeout, result_expires=settings.result_expires),
         # Fail fast when Redis is away: the client gets a 503 and retries, instead of a hung request.

@@ -33,6 +33,20 @@ def test_submit_answers_202_with_location_and_retry_after(client: TestClient, re
     assert redis_server.client().llen(contract.QUEUE) == 1
 
 
+def test_submitting_subscribes_to_nothing(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Sending a task costs no pub/sub round trip. Celery's Redis backend subscribes the sender to each
+    task's result channel (for `AsyncResult.get`, which the API never calls) and unsubscribes when the
+    result object is collected: two extra commands per message, and redis-py's PubSub keeps every
+    channel name it never read a confirmation for, so the API's memory would grow with every job."""
+    r = redis_server.client()
+    r.config_resetstat()
+    for i in range(5):
+        assert client.post("/v1/jobs", json={"texts": [f"text {i}"]}).status_code == 202
+    stats = r.info("commandstats")
+    assert stats.get("cmdstat_lpush", {}).get("calls", 0) >= 5  # the messages went out
+    assert "cmdstat_subscribe" not in stats and "cmdstat_unsubscribe" not in stats, stats
+
+
 def test_new_job_reads_as_queued(client: TestClient) -> None:
     """GET on a job no worker has touched says queued, with null results and progress 0/n."""
     job_id = client.post("/v1/jobs", json={"texts": ["a", "b", "c"]}).json()["id"]
