@@ -221,6 +221,52 @@ def _remaining(deadline: float | None) -> float:
     return math.inf if deadline is None else deadline - time.monotonic()
 
 
+# The blocking and asyncio clients differ only in how they wait; every decision lives here.
+
+def _problem(response: httpx.Response) -> Exception | None:
+    """None for a success, the error to retry after for a retryable status; raises any other error."""
+    if response.status_code < 400:
+        return None
+    if response.status_code not in _RETRY_STATUSES:
+        raise _error(response)
+    return _error(response)
+
+
+def _retry_delay(attempt: int, response: httpx.Response | None, problem: Exception | None, deadline: float,
+                 what: str, retry_for: float) -> float:
+    """Seconds before the next try, or Unavailable when waiting them would pass the retry deadline."""
+    delay = _delay(attempt, response)
+    if time.monotonic() + delay > deadline:
+        raise Unavailable(f"{what}: gave up after {retry_for:g}s: {problem}") from problem
+    return delay
+
+
+def _status_call(job_id: str, wait: float, timeout: httpx.Timeout) -> tuple[str, dict[str, Any]]:
+    """URL and request options of a job read that may hold for `wait` seconds (the read timeout grows by it)."""
+    params = {"wait": f"{wait:.3f}"} if wait > 0 else None
+    return f"/v1/jobs/{job_id}", {"params": params, "timeout": httpx.Timeout(
+        timeout.connect, read=(timeout.read or DEFAULT_TIMEOUT) + wait)}
+
+
+def _settled(status: JobStatus, deadline: float | None, timeout: float | None) -> bool:
+    """True once the job succeeded; JobFailed, or JobTimeout past the deadline; else False."""
+    if status.status == "failed":
+        raise JobFailed(status)
+    if status.finished:
+        return True
+    if _remaining(deadline) <= 0:
+        raise JobTimeout(status, timeout or 0.0)
+    return False
+
+
+def _early_pause(started: float, hold: float, attempt: int, deadline: float | None) -> float | None:
+    """Seconds to back off when the server answered well before `hold` without a result (it caps the
+    wait), else None."""
+    if time.monotonic() - started >= hold / 2:
+        return None
+    return min(_delay(attempt, None), max(0.0, _remaining(deadline)))
+
+
 # -- blocking client ------------------------------------------------------------------------------
 
 
@@ -245,15 +291,10 @@ class Job:
             hold = max(0.0, min(self.client.poll_wait, _remaining(deadline)))
             started = time.monotonic()
             status = self.client.job_status(self.id, wait=hold)
-            if status.status == "failed":
-                raise JobFailed(status)
-            if status.finished:
+            if _settled(status, deadline, timeout):
                 return status
-            if _remaining(deadline) <= 0:
-                raise JobTimeout(status, timeout or 0.0)
-            if time.monotonic() - started < hold / 2:
-                # The server answered early without a result (it caps the wait): back off before asking again.
-                time.sleep(min(_delay(attempt, None), max(0.0, _remaining(deadline))))
+            if (pause := _early_pause(started, hold, attempt, deadline)) is not None:
+                time.sleep(pause)
                 attempt += 1
 
 
@@ -292,17 +333,12 @@ class Client:
             response: httpx.Response | None = None
             try:
                 response = self._http.request(method, url, **kwargs)
-                if response.status_code < 400:
+                problem = _problem(response)
+                if problem is None:
                     return response
-                if response.status_code not in _RETRY_STATUSES:
-                    raise _error(response)
-                problem: Exception = _error(response)
             except httpx.TransportError as exc:
                 problem = exc
-            delay = _delay(attempt, response)
-            if time.monotonic() + delay > deadline:
-                raise Unavailable(f"{method} {url}: gave up after {self.retry_for:g}s: {problem}") from problem
-            time.sleep(delay)
+            time.sleep(_retry_delay(attempt, response, problem, deadline, f"{method} {url}", self.retry_for))
             attempt += 1
 
     def submit(self, texts: Sequence[str], *, long_text: str | None = None,
@@ -318,9 +354,8 @@ class Client:
         return Job(self, job_id)
 
     def job_status(self, job_id: str, wait: float = 0.0) -> JobStatus:
-        params = {"wait": f"{wait:.3f}"} if wait > 0 else None
-        timeout = httpx.Timeout(self._http.timeout.connect, read=(self._http.timeout.read or DEFAULT_TIMEOUT) + wait)
-        return _parse_job(self._request("GET", f"/v1/jobs/{job_id}", params=params, timeout=timeout).json())
+        url, options = _status_call(job_id, wait, self._http.timeout)
+        return _parse_job(self._request("GET", url, **options).json())
 
     def score_batches(self, batches: Iterable[Sequence[str]], *, long_text: str | None = None,
                       thresholds: float | Mapping[str, float] | None = None, in_flight: int = DEFAULT_IN_FLIGHT,
@@ -394,14 +429,10 @@ class AsyncJob:
             hold = max(0.0, min(self.client.poll_wait, _remaining(deadline)))
             started = time.monotonic()
             status = await self.client.job_status(self.id, wait=hold)
-            if status.status == "failed":
-                raise JobFailed(status)
-            if status.finished:
+            if _settled(status, deadline, timeout):
                 return status
-            if _remaining(deadline) <= 0:
-                raise JobTimeout(status, timeout or 0.0)
-            if time.monotonic() - started < hold / 2:
-                await asyncio.sleep(min(_delay(attempt, None), max(0.0, _remaining(deadline))))
+            if (pause := _early_pause(started, hold, attempt, deadline)) is not None:
+                await asyncio.sleep(pause)
                 attempt += 1
 
 
@@ -433,17 +464,12 @@ class AsyncClient:
             response: httpx.Response | None = None
             try:
                 response = await self._http.request(method, url, **kwargs)
-                if response.status_code < 400:
+                problem = _problem(response)
+                if problem is None:
                     return response
-                if response.status_code not in _RETRY_STATUSES:
-                    raise _error(response)
-                problem: Exception = _error(response)
             except httpx.TransportError as exc:
                 problem = exc
-            delay = _delay(attempt, response)
-            if time.monotonic() + delay > deadline:
-                raise Unavailable(f"{method} {url}: gave up after {self.retry_for:g}s: {problem}") from problem
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_retry_delay(attempt, response, problem, deadline, f"{method} {url}", self.retry_for))
             attempt += 1
 
     async def submit(self, texts: Sequence[str], *, long_text: str | None = None,
@@ -457,10 +483,8 @@ class AsyncClient:
         return AsyncJob(self, job_id)
 
     async def job_status(self, job_id: str, wait: float = 0.0) -> JobStatus:
-        params = {"wait": f"{wait:.3f}"} if wait > 0 else None
-        timeout = httpx.Timeout(self._http.timeout.connect, read=(self._http.timeout.read or DEFAULT_TIMEOUT) + wait)
-        response = await self._request("GET", f"/v1/jobs/{job_id}", params=params, timeout=timeout)
-        return _parse_job(response.json())
+        url, options = _status_call(job_id, wait, self._http.timeout)
+        return _parse_job((await self._request("GET", url, **options)).json())
 
     async def _one(self, texts: list[str], long_text: str | None, thresholds: float | Mapping[str, float] | None,
                    timeout: float | None) -> BatchOutcome:
