@@ -37,8 +37,9 @@ from toxfleet.thresholds import Thresholds
 JOB_KEY_PREFIX = "toxfleet:job:"
 """Redis key prefix of job manifests."""
 
-PROCESSES_TTL = 2.0
-"""Seconds the API reuses its count of live worker processes (the backpressure limit scales with it)."""
+FLEET_TTL = 2.0
+"""Seconds the API reuses its view of the live workers: their processes scale the backpressure limit,
+and their model, backend and cache setting decide whether the score cache may answer a job."""
 
 RECHECK_SECONDS = 1.0
 """A long-poll also re-reads its job this often, a safety net under the pub/sub wake-ups."""
@@ -115,8 +116,8 @@ class JobService:
         self._cache = cache
         self._result_key = celery.backend.get_key_for_task
         self._waiter = ResultWaiter(redis, settings.redis_timeout)
-        self._processes = 0
-        self._processes_at = -PROCESSES_TTL
+        self._fleet_view: list[dict[str, Any]] = []
+        self._fleet_at = -FLEET_TTL
 
     async def close(self) -> None:
         await self._waiter.close()
@@ -183,20 +184,20 @@ class JobService:
             pipe.llen(contract.QUEUE)
             pipe.hlen(contract.UNACKED_KEY)  # prefetched by workers, not yet done: still waiting work
             depth, unacked = await pipe.execute()
-        processes = await self._worker_processes()
+        processes = sum(int(w.get("concurrency", 1)) for w in await self._fleet())
         limit = min(self._settings.max_queue_depth, self._settings.backlog_per_process * max(processes, 1))
         backlog = int(depth) + int(unacked)
         if backlog >= limit:
             raise QueueFull(f"queue is full: {backlog} messages waiting for {processes} worker processes "
                             f"(limit {limit}); retry later")
 
-    async def _worker_processes(self) -> int:
-        """Pool processes of the workers that answer, re-read at most every PROCESSES_TTL seconds."""
+    async def _fleet(self) -> list[dict[str, Any]]:
+        """The workers that answer, re-read at most every FLEET_TTL seconds: submits ask on every job."""
         now = time.monotonic()
-        if now >= self._processes_at + PROCESSES_TTL:
-            self._processes = sum(int(w.get("concurrency", 1)) for w in await self.workers())
-            self._processes_at = now
-        return self._processes
+        if now >= self._fleet_at + FLEET_TTL:
+            self._fleet_view = await self.workers()
+            self._fleet_at = now
+        return self._fleet_view
 
     @staticmethod
     def _replay(record: bytes | str | None, fingerprint: str) -> str:
@@ -233,7 +234,7 @@ class JobService:
         if self._cache is None:
             return None
         try:
-            workers = await self.workers()
+            workers = await self._fleet()
             identities = {(w.get("model"), w.get("backend")) for w in workers}
             if len(identities) != 1 or not all(w.get("cache") for w in workers):
                 return None  # no worker, a rollout in progress, or a worker without the cache
