@@ -97,6 +97,8 @@ class ResultStore:
                 else:
                     pipe.set(key, value)
                 pipe.publish(key, value)
+                # The lease would expire by itself; dropping it with the result just keeps Redis tidy.
+                pipe.delete(LEASE_PREFIX + task_id)
             pipe.execute()
 
     def claim(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int,
@@ -129,6 +131,3 @@ class ResultStore:
                     "date_done": now, **extra, **(o.meta or {})}
 
         self._write((o.task_id, meta(o)) for o in outcomes)
-        # Leases expire by themselves; dropping them now just keeps Redis tidy.
-        if outcomes:
-            self._backend.client.delete(*[LEASE_PREFIX + o.task_id for o in outcomes])
