@@ -40,19 +40,18 @@ def plan_passes(lengths: Sequence[int], max_tokens: int, max_texts: int,
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     n = len(order)
     # cost[j]: least cost of the first j sorted texts; cut[j]: where their last pass starts.
-    cost = [0] + [0] * n
+    cost = [0] * (n + 1)
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
         longest = lengths[order[j - 1]]  # sorted: the last text of a pass is its longest
-        best = None
-        for i in range(j - 1, max(-1, j - 1 - max_texts), -1):
+        cost[j], cut[j] = cost[j - 1] + overhead + longest, j - 1  # a pass of its own always fits
+        for i in range(j - 2, max(-1, j - 1 - max_texts), -1):
             size = j - i
-            if size > 1 and size * longest > max_tokens:
+            if size * longest > max_tokens:
                 break
             candidate = cost[i] + overhead + size * longest
-            if best is None or candidate < best:
-                best, cut[j] = candidate, i
-        cost[j] = best if best is not None else 0
+            if candidate < cost[j]:
+                cost[j], cut[j] = candidate, i
     passes: list[list[int]] = []
     j = n
     while j > 0:
