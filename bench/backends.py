@@ -37,8 +37,6 @@ if str(ROOT) not in sys.path:
 
 DEFAULT_TEXTS = 96
 DEFAULT_REPEATS = 3
-CORPUS_SEED = 20261130
-"""The benchmark corpus (toxfleet.corpus's default seed), distinct from the fidelity gate's."""
 
 CLOCK_GHZ = 2.6
 """Clock assumed for peak figures (this machine's /proc/cpuinfo 'cpu MHz'); turbo is not counted."""
@@ -251,12 +249,12 @@ def _quantize_qdq(src: Path, dst: Path, directory: Path) -> None:
     import transformers
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from toxfleet.corpus import CommentCorpus
+    from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
     from worker import export
 
     manifest = export.read_manifest(directory)
     tokenizer = getattr(transformers, manifest.tokenizer_class).from_pretrained(str(directory / export.TOKENIZER_DIR))
-    texts = CommentCorpus(CORPUS_SEED + 1).texts(32)
+    texts = CommentCorpus(DEFAULT_SEED + 1).texts(32)
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -313,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if "TOXFLEET_CHECKPOINT" not in os.environ and (models / "model.ckpt").is_file():
         os.environ["TOXFLEET_CHECKPOINT"] = str(models / "model.ckpt")
         os.environ["TOXFLEET_HF_CONFIG"] = str(models / "hf")
-    from toxfleet.corpus import CommentCorpus
+    from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
     from worker.cpus import cpu_model_name, kernel_signature
     from worker.export import export_location
     from worker.settings import WorkerSettings
@@ -327,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     _, sha = export_location(WorkerSettings())
     work = args.work / sha[:16]
     skipped = prepare(work, wanted)
-    texts = CommentCorpus(CORPUS_SEED).texts(args.texts)
+    texts = CommentCorpus(DEFAULT_SEED).texts(args.texts)  # the benchmark corpus, not the gate's
     settings = WorkerSettings()
     n = args.cores
     layouts = {"1xN": (1, n), "Nx1": (n, 1)}
