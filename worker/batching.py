@@ -58,8 +58,10 @@ class BatchTask(Task):  # type: ignore[misc]
 
     Each request is `{"id", "args", "kwargs", "retries", "sent_at"}` (`sent_at`: the publisher's
     `SENT_AT_HEADER`, or None); each outcome is
-    `{"state": "SUCCESS" | "FAILURE" | "SKIPPED", "error": str | None}` after the subclass has stored
-    the request's result itself. `cost(args, kwargs)` estimates a request's tokens.
+    `{"state": "SUCCESS" | "FAILURE" | "SKIPPED" | "DEFERRED", "error": str | None}` after the subclass
+    has stored the request's result itself (SKIPPED: already stored, the message is acked; DEFERRED:
+    not this batch's to score now, the message is left unacked for Redis to redeliver).
+    `cost(args, kwargs)` estimates a request's tokens.
     """
 
     abstract = True
@@ -192,6 +194,11 @@ class BatchTask(Task):  # type: ignore[misc]
                                callback=on_return, error_callback=on_error, correlation_id=batch_id)
 
     def _finish(self, req: Request, outcome: dict[str, Any]) -> None:
+        if outcome["state"] == "DEFERRED":
+            logger.info("request %s deferred (%s); left unacked for redelivery", req.id, outcome.get("summary"),
+                        extra={"task_id": req.id})
+            task_ready(req)
+            return
         runtime = outcome.get("runtime", 0.0)
         if outcome["state"] == "FAILURE":
             req.send_event("task-failed", exception=outcome.get("error"), traceback=None)

@@ -65,8 +65,10 @@ class WorkerMetrics:
         self.padded_tokens = Counter("toxfleet_padded_tokens", "Tokens computed, padding included "
                                      "(tokens / padded_tokens is the padding efficiency).", registry=reg)
         self.passes = Counter("toxfleet_forward_passes", "Model forward passes.", registry=reg)
-        self.tasks = Counter("toxfleet_tasks", "Task messages finished, by outcome: succeeded, failed, or skipped "
-                             "(a redelivered message whose result was already stored).", ["outcome"], registry=reg)
+        self.tasks = Counter("toxfleet_tasks", "Task messages finished, by outcome: succeeded, failed, skipped "
+                             "(a redelivered message whose result was already stored), or deferred (a "
+                             "redelivery while another batch holds the request's lease: left for Redis to "
+                             "redeliver).", ["outcome"], registry=reg)
         self.failures = Counter("toxfleet_task_failures", "Task messages failed, by reason: invalid (bad input), "
                                 "scoring (the model raised), worker_lost (its process died on every attempt).",
                                 ["reason"], registry=reg)

@@ -106,7 +106,8 @@ class ResultStore:
         """Take the requests this batch will score, in one atomic round trip: per task id "claimed"
         (leased to this batch and stored as STARTED, which the API reports as running), "final" (a
         result is already stored: a redelivery) or "busy" (another batch holds its lease: a
-        concurrent redelivery, whose own message stays unacked until that batch stores a result)."""
+        redelivery while that batch runs or before its lease expired after its worker died; the
+        caller must leave this message unacked, for Redis to redeliver)."""
         if not task_ids:
             return []
         metas = [self._backend.encode({"status": states.STARTED, "result": None, "traceback": None, "children": [],

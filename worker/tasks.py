@@ -95,8 +95,15 @@ class ScoreTask(BatchTask):
         # nor while another batch scores it ("busy"; the lease lasts as long as a delivery may).
         claims = store.claim([r["id"] for r in requests], batch_id, settings.visibility_timeout, extra)
         for req, claim in zip(requests, claims, strict=True):
-            if claim != "claimed":
-                outcomes[req["id"]] = {"state": "SKIPPED", "summary": f"duplicate delivery ({claim})"}
+            if claim == "final":
+                outcomes[req["id"]] = {"state": "SKIPPED", "summary": "duplicate delivery (result already stored)"}
+                continue
+            if claim == "busy":
+                # The lease holder may be dead (its whole worker killed), making this the only copy
+                # left: acking it would lose the request. Unacked, Redis redelivers it one visibility
+                # timeout after this delivery, when the lease (one visibility timeout from the claim,
+                # which came first) has expired or the holder has stored the result.
+                outcomes[req["id"]] = {"state": "DEFERRED", "summary": "leased to another batch"}
                 continue
             try:
                 texts[req["id"]] = validate(req["args"], req["kwargs"], settings.max_texts, settings.max_text_chars)
@@ -114,7 +121,9 @@ class ScoreTask(BatchTask):
         done = [_merge(rid, cached[rid], scored.get(rid)) for rid in texts]
 
         store.store(done + failed, extra)
-        metrics.count_tasks("skipped", len(requests) - len(texts) - len(failed))
+        deferred = sum(1 for o in outcomes.values() if o["state"] == "DEFERRED")
+        metrics.count_tasks("skipped", len(requests) - len(texts) - len(failed) - deferred)
+        metrics.count_tasks("deferred", deferred)
         metrics.count_tasks("succeeded", sum(1 for o in done if o.error is None))
         metrics.count_failures("invalid", len(failed))
         for o in done + failed:
