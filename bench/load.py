@@ -59,12 +59,14 @@ P = TypeVar("P")
 
 @dataclass(frozen=True)
 class Sample:
-    """One request: when it was issued and ended (seconds since the load started) and how it ended."""
+    """One request: when it was issued and ended (seconds since the load started), how it ended, and
+    `index`, the position of its text in the corpus (-1: unknown)."""
 
     start: float
     end: float
     outcome: str
     status: int | None = None
+    index: int = -1
 
     @property
     def latency(self) -> float:
@@ -186,10 +188,10 @@ async def closed_loop(call: Callable[[str], Awaitable[tuple[str, int | None]]], 
     async def client(i: int) -> None:
         await asyncio.sleep(ramp * i / clients)
         while True:
-            text = texts[next(counter) % len(texts)]
+            index = next(counter) % len(texts)
             start = time.monotonic() - t0
-            outcome, status = await call(text)
-            samples.append(Sample(start, time.monotonic() - t0, outcome, status))
+            outcome, status = await call(texts[index])
+            samples.append(Sample(start, time.monotonic() - t0, outcome, status, index))
             if outcome != OK:
                 await asyncio.sleep(FAILURE_PAUSE)
 
@@ -227,9 +229,9 @@ async def open_loop(call: Callable[[str], Awaitable[tuple[str, int | None]]], te
     probes: list[P] = []
     t0 = time.monotonic()
 
-    async def one(text: str, start: float) -> None:
-        outcome, status = await call(text)
-        samples.append(Sample(start, time.monotonic() - t0, outcome, status))
+    async def one(index: int, start: float) -> None:
+        outcome, status = await call(texts[index])
+        samples.append(Sample(start, time.monotonic() - t0, outcome, status, index))
 
     outstanding: list[int] = []
 
@@ -245,9 +247,9 @@ async def open_loop(call: Callable[[str], Awaitable[tuple[str, int | None]]], te
             break
         await asyncio.sleep(max(0.0, t0 + arrival - time.monotonic()))
         if len(in_flight) >= max_in_flight:
-            samples.append(Sample(arrival, arrival, DROPPED))
+            samples.append(Sample(arrival, arrival, DROPPED, None, i % len(texts)))
             continue
-        task = asyncio.create_task(one(texts[i % len(texts)], arrival))
+        task = asyncio.create_task(one(i % len(texts), arrival))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
     await prober

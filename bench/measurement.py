@@ -23,22 +23,26 @@ BATCH_LINE = re.compile(r"batch (?P<id>\S+): requests=(?P<requests>\d+) texts=(?
 
 
 def window_figures(samples: Sequence[Sample], seconds: float, cpu: CpuUse | None,
-                   answered: int | None = None) -> dict[str, Any]:
+                   answered: Sequence[Sample] | None = None, tokens: Sequence[int] | None = None) -> dict[str, Any]:
     """Throughput, latency percentiles and outcome counts of one window.
 
     Latency percentiles cover answered requests *and* timeouts (at the time they were given up), so a
     service that stops answering cannot look fast by losing its slowest requests; refusals (429) are
-    fast by design and get their own percentile. Throughput is `answered` (answers that arrived in
-    the window) per second, by default the answers among `samples`.
+    fast by design and get their own percentile. Throughput counts `answered` (the successful
+    answers that arrived in the window), by default the successful answers among `samples`: as texts
+    per second, and, given `tokens` (the corpus's token length per text), as tokens per second.
     """
     counts = {o: 0 for o in OUTCOMES}
     for s in samples:
         counts[s.outcome] += 1
     latencies = [s.latency for s in samples if s.outcome in (OK, TIMEOUT)]
     refused = [s.latency for s in samples if s.outcome == REFUSED]
+    done = [s for s in (samples if answered is None else answered) if s.outcome == OK]
     return {
         "seconds": seconds,
-        "texts_per_s": (counts[OK] if answered is None else answered) / seconds if seconds > 0 else 0.0,
+        "texts_per_s": len(done) / seconds if seconds > 0 else 0.0,
+        "tokens_per_s": (sum(tokens[s.index] for s in done) / seconds if tokens is not None and seconds > 0
+                         else None),
         "p50": percentile(latencies, 50), "p90": percentile(latencies, 90), "p99": percentile(latencies, 99),
         "counts": counts,
         "errors": counts[ERROR] + counts[TIMEOUT],

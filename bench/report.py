@@ -49,6 +49,25 @@ counts, since the first ones fill the queue up to its bound; accepted p99 is no 
 (requests still waiting at the end are not in it)."""
 
 
+THROUGHPUT = "norm_texts_per_s"
+"""The throughput every comparison uses: tokens answered per second ÷ the corpus's mean tokens per text
+(texts/s, token-normalised). Comment lengths are heavy-tailed, so the texts one 8 s window happens to
+answer (or the ceiling's sample holds) can be 15 % shorter or longer than the corpus on average;
+counting texts would credit a system with that luck. Counted texts/s is reported beside it."""
+
+
+def normalise(model: dict[str, Any]) -> bool:
+    """Add THROUGHPUT to every window and ceiling run: counted texts/s for all of them if any window
+    lacks its tokens (results from before they were recorded), so that ratios never mix the two."""
+    mean = float(model["tokens"]["mean"])
+    runs = [r for cfg in [*model["ceiling"]["configs"], model["ceiling"]["reference"]] for r in cfg["runs"]]
+    items = [*windows(model["points"]), *runs]
+    tokens = all(item.get("tokens_per_s") is not None for item in items) and mean > 0
+    for item in items:
+        item[THROUGHPUT] = item["tokens_per_s"] / mean if tokens else item["texts_per_s"]
+    return tokens
+
+
 # -- selecting and summarising ------------------------------------------------------------------
 
 def select(points: Iterable[Point], system: str, mode: str, loop: str, **level: Any) -> list[Point]:
@@ -76,7 +95,7 @@ def ceiling_best(model: dict[str, Any]) -> tuple[str, Spread, Spread]:
     """(label, texts/s, useful GFLOP/s) of the best ceiling configuration."""
     c = model["ceiling"]
     best = next(cfg for cfg in c["configs"] if cfg["config"]["label"] == c["best"])
-    return (c["best"], Spread.of([r["texts_per_s"] for r in best["runs"]]),
+    return (c["best"], Spread.of([r[THROUGHPUT] for r in best["runs"]]),
             Spread.of([r["useful_gflops"] for r in best["runs"]]))
 
 
@@ -124,14 +143,14 @@ def targets_section(name: str, model: dict[str, Any], peak: float) -> str:
     rows.append(["raw model ceiling (best pass size, no server)", "reported",
                  f"{fmt_spread(ceil)} texts/s = {fmt_spread(ceil_gflops, lambda x: f'{x:.0f}')} GFLOP/s = "
                  f"{fmt_spread(frac, lambda x: f'{x:.0%}')} of peak ({peak:.0f} GFLOP/s)", ""])
-    bl_tput = spread(bl_top, "texts_per_s")
+    bl_tput = spread(bl_top, THROUGHPUT)
     rows.append([f"baseline texts/s at {top} clients", "reported", fmt_spread(bl_tput), ""])
     for mode in ("jobs", "compat"):
         tf_top = select(pts, "toxfleet", mode, "closed", clients=top)
         tf_one = select(pts, "toxfleet", mode, "closed", clients=one)
         if not tf_top:
             continue
-        tput = spread(tf_top, "texts_per_s")
+        tput = spread(tf_top, THROUGHPUT)
         r = tput.ratio(bl_tput)
         rows.append([f"toxfleet {mode}: texts/s at {top} clients ÷ baseline", f"≥ {TARGETS['throughput_vs_baseline']}×",
                      f"{fmt_ratio(r)} ({fmt_num(tput.median)} vs {fmt_num(bl_tput.median)})",
@@ -205,17 +224,18 @@ def ceiling_section(model: dict[str, Any], peak: float) -> str:
         runs = cfg["runs"]
         if not runs:
             continue
-        tput = Spread.of([r["texts_per_s"] for r in runs])
+        tput = Spread.of([r[THROUGHPUT] for r in runs])
+        counted = Spread.of([r["texts_per_s"] for r in runs])
         useful = Spread.of([r["useful_gflops"] for r in runs])
         executed = Spread.of([r["executed_gflops"] for r in runs])
         label = cfg["config"]["label"] + (" **(best)**" if cfg["config"]["label"] == c["best"] else "")
         other = Spread.of([r["cpu"]["other"] for r in runs if r.get("cpu")])
-        rows.append([label, str(len(runs)), fmt_spread(tput), fmt_spread(Spread.of([r["tokens_per_s"] for r in runs]),
-                                                                         lambda x: f"{x:.0f}"),
-                     fmt_spread(useful, lambda x: f"{x:.1f}"), f"{useful.median / peak:.1%}",
-                     fmt_num(executed.median, 1), fmt_spread(other)])
-    return table(["configuration", "runs", "texts/s", "tokens/s", "useful GFLOP/s", "of peak", "executed GFLOP/s",
-                  "other CPU (cores)"], rows)
+        tokens = Spread.of([r["tokens_per_s"] for r in runs])
+        rows.append([label, str(len(runs)), fmt_spread(tput), fmt_spread(counted),
+                     fmt_spread(tokens, lambda x: f"{x:.0f}"), fmt_spread(useful, lambda x: f"{x:.1f}"),
+                     f"{useful.median / peak:.1%}", fmt_num(executed.median, 1), fmt_spread(other)])
+    return table(["configuration", "runs", "texts/s (token-normalised)", "texts/s (counted)", "tokens/s",
+                  "useful GFLOP/s", "of peak", "executed GFLOP/s", "other CPU (cores)"], rows)
 
 
 def closed_section(model: dict[str, Any]) -> str:
@@ -226,8 +246,8 @@ def closed_section(model: dict[str, Any]) -> str:
             sel = select(pts, system, mode, "closed", clients=clients)
             if sel:
                 rows.append(_row(LABELS[(system, mode)], str(clients), sel))
-    return table(["system", "clients", "texts/s", "p50", "p90", "p99", "errors", "service CPU (cores)",
-                  "load generator / other CPU", "worker batches"], rows)
+    return table(["system", "clients", "texts/s (token-normalised)", "texts/s (counted)", "p50", "p90", "p99",
+                  "errors", "service CPU (cores)", "load generator / other CPU", "worker batches"], rows)
 
 
 def ratio_section(model: dict[str, Any]) -> str:
@@ -239,7 +259,7 @@ def ratio_section(model: dict[str, Any]) -> str:
             tf = select(pts, "toxfleet", mode, "closed", clients=clients)
             if bl and tf:
                 rows.append([mode, str(clients),
-                             fmt_ratio(spread(tf, "texts_per_s").ratio(spread(bl, "texts_per_s"))),
+                             fmt_ratio(spread(tf, THROUGHPUT).ratio(spread(bl, THROUGHPUT))),
                              fmt_ratio(spread(tf, "p50").ratio(spread(bl, "p50"))),
                              fmt_ratio(spread(tf, "p99").ratio(spread(bl, "p99")))])
     return table(["toxfleet mode", "clients", "texts/s ÷ baseline", "p50 ÷ baseline", "p99 ÷ baseline"], rows)
@@ -259,10 +279,11 @@ def open_section(model: dict[str, Any]) -> str:
             outstanding = " → ".join(str(n) for p in sel for n in p.get("outstanding", []))
             refused = total(sel, "refused")
             refused_p99 = percentile([w["refused_p99"] for w in windows(sel) if not math.isnan(w["refused_p99"])], 50)
-            row[6] = (f"{total(sel, 'error')} / {total(sel, 'timeout')} / {refused}"
+            row[7] = (f"{total(sel, 'error')} / {total(sel, 'timeout')} / {refused}"
                       + (f" ({fmt_s(refused_p99)})" if refused else "") + f" / {total(sel, 'dropped')}")
-            rows.append([*row[:6], by_window, outstanding, *row[6:]])
-    return table(["system", "arrival rate", "texts/s answered", "p50", "p90", "p99", "p99 by window",
+            rows.append([*row[:7], by_window, outstanding, *row[7:]])
+    return table(["system", "arrival rate", "texts/s answered (token-normalised)", "texts/s answered (counted)",
+                  "p50", "p90", "p99", "p99 by window",
                   "outstanding at window edges",
                   "errors / timeouts / refused (p99) / dropped", "service CPU (cores)",
                   "load generator / other CPU", "worker batches"], rows)
@@ -278,7 +299,8 @@ def _row(label: str, level: str, sel: list[Point]) -> list[str]:
         per_pass = sum(x["texts_per_pass_mean"] for x in b) / len(b)
         eff = sum(x["padding_efficiency"] for x in b) / len(b)
         batches = f"{n}: {per_batch:.1f} texts/batch, {per_pass:.1f}/pass, {eff:.0%} real tokens"
-    return [label, level, fmt_spread(spread(sel, "texts_per_s")), fmt_spread(spread(sel, "p50"), fmt_s),
+    return [label, level, fmt_spread(spread(sel, THROUGHPUT)), fmt_spread(spread(sel, "texts_per_s")),
+            fmt_spread(spread(sel, "p50"), fmt_s),
             fmt_spread(spread(sel, "p90"), fmt_s), fmt_spread(spread(sel, "p99"), fmt_s), str(errors),
             fmt_spread(cpu_spread(sel, "service")),
             f"{fmt_num(cpu_spread(sel, 'client').median)} / {fmt_num(cpu_spread(sel, 'other').median)}", batches]
@@ -306,7 +328,7 @@ def plots(name: str, model: dict[str, Any], out_dir: Path) -> dict[str, Path]:
             sel = select(pts, system, mode, "closed", clients=c)
             if not sel:
                 continue
-            t, p = spread(sel, "texts_per_s"), spread(sel, "p99")
+            t, p = spread(sel, THROUGHPUT), spread(sel, "p99")
             xs.append(c)
             med.append(t.median)
             lo.append(t.median - t.low)
@@ -420,6 +442,7 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
     if not quick and notes.is_file():
         lines += [notes.read_text().rstrip(), ""]
     for name, model in results["models"].items():
+        normalised = normalise(model)
         files = plots(name, model, plot_dir)
         prof = model["profile"]
         arch = model["ceiling"]["architecture"]
@@ -429,7 +452,12 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
             f"Checkpoint `{Path(model['checkpoint']).parent.name}`: {arch['layers']} layers × {arch['hidden']} hidden, "
             f"{model['ceiling']['flops_per_token'] / 1e6:.3g} MFLOP per token (matmuls). Each figure is the median of "
             f"{prof['windows']} windows × {meta['rounds']} round(s) with its min–max range; a window is "
-            f"{prof['window']:.0f} s or longer.",
+            f"{prof['window']:.0f} s or longer. "
+            + (f"Throughput is **token-normalised**: tokens answered per second ÷ the corpus's mean of "
+               f"{model['tokens']['mean']:.1f} tokens per text, so that a window (or the ceiling's sample) "
+               "that happened to hold shorter texts does not count as faster; texts/s as counted is in the "
+               "tables beside it." if normalised else
+               "Throughput is texts/s as counted (these results predate token counts)."),
             "",
             "### Targets",
             "",
@@ -501,7 +529,8 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         "- The two systems never run at the same time; each gets the same cores, checkpoint and corpus.",
         "- **Closed loop** (`bench/load.py`): C clients, each sends the next text (one per request) when its "
         "previous answer arrives; the warm-up lasts until C answers arrived; a window counts requests "
-        "*completed* in it. texts/s = answered texts / window.",
+        "*completed* in it. texts/s (counted) = answered texts / window; texts/s (token-normalised) = the "
+        "corpus token lengths of those texts, summed, ÷ the corpus mean ÷ window.",
         "- **Open loop**: seeded Poisson arrivals; a window counts requests *issued* in it, each followed "
         "to its answer or its deadline. 429s are counted as refused (with their own latency), never as answers.",
         "- **Repeats**: each point runs several consecutive measurement windows under the same load; a figure is "

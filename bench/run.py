@@ -147,9 +147,10 @@ def environment(cores: int, clock_ghz: float | None, fma_units: int) -> dict[str
 class Bench:
     """One benchmark run: measures points against whichever service is up, collects results."""
 
-    def __init__(self, profile: Profile, corpus: list[str], cores: int, seed: int) -> None:
+    def __init__(self, profile: Profile, corpus: list[str], cores: int, seed: int, lengths: list[int]) -> None:
         self.profile = profile
         self.corpus = corpus
+        self.lengths = lengths  # token length of each corpus text, for token-normalised throughput
         self.cores = cores
         self.seed = seed
 
@@ -198,11 +199,10 @@ class Bench:
         windows = []
         for k in range(len(run.boundaries) - 1):
             samples = load.in_window(run, k, by)
-            answered = sum(1 for s in load.in_window(run, k, "end") if s.outcome == load.OK)
             a: CpuSnapshot = run.probes[k]
             b: CpuSnapshot = run.probes[k + 1]
             windows.append(window_figures(samples, run.boundaries[k + 1] - run.boundaries[k], CpuMeter.between(a, b),
-                                          answered))
+                                          load.in_window(run, k, "end"), self.lengths))
         point = {"loop": loop, "mode": mode, **level, "windows": windows, "outstanding": run.outstanding,
                  "warmup_seconds": run.boundaries[0], "seconds": time.monotonic() - started,
                  "batches": batch_summary(worker_log, offset) if worker_log else None,
@@ -231,8 +231,9 @@ class Bench:
                     closed.append(self.closed(running.url, mode, clients, CpuMeter(running.cpu_roots),
                                               running.worker_log))
                 points.extend(closed)
-                # Capacity: the best closed-loop throughput (normally at the most clients).
-                capacity = max(Spread.of([w["texts_per_s"] for w in c["windows"]]).median for c in closed)
+                # Capacity: the best closed-loop throughput (normally at the most clients), token-normalised.
+                mean = sum(self.lengths) / len(self.lengths)
+                capacity = max(Spread.of([w["tokens_per_s"] / mean for w in c["windows"]]).median for c in closed)
                 if mode not in self.profile.open_modes or not capacity > 0:
                     continue
                 for fraction in self.profile.open_loads:
@@ -362,7 +363,7 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
     lengths = ceiling.pop("lengths")
     entry: dict[str, Any] = {"checkpoint": str(ckpt), "profile": asdict(profile), "ceiling": ceiling,
                              "tokens": distribution(lengths), "token_lengths": lengths, "points": []}
-    bench = Bench(profile, corpus, cores, seed)
+    bench = Bench(profile, corpus, cores, seed, lengths)
     systems_ = {"baseline": baseline_system(ckpt, hf, cores, log_dir / kind),
                 "toxfleet": toxfleet_system(ckpt, hf, cores, log_dir / kind, profile.toxfleet_modes, backend)}
     for r in range(rounds):

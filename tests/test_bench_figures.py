@@ -84,6 +84,30 @@ def test_window_figures_keep_outcomes_apart() -> None:
     assert w["statuses"] == {"timeout:None": 1, "refused:429": 1, "error:503": 1}
 
 
+def test_throughput_is_token_normalised() -> None:
+    """A window's tokens come from the corpus lengths of the texts answered in it; the report divides
+    them by the corpus mean, so a window of short texts is not credited as fast. Results without
+    tokens fall back to counted texts/s everywhere, never a mix."""
+    lengths = [10, 10, 300, 80]
+    answered = [Sample(0, 0.5, OK, 200, 0), Sample(0, 0.6, OK, 200, 1), Sample(0, 0.7, ERROR, 503, 2)]
+    w = window_figures(answered, 2.0, None, tokens=lengths)
+    assert w["texts_per_s"] == 1.0 and w["tokens_per_s"] == 10.0
+    assert window_figures(answered, 2.0, None)["tokens_per_s"] is None
+
+    def model(windows: list[dict[str, Any]], ceiling: dict[str, Any]) -> dict[str, Any]:
+        return {"points": [{"windows": windows}], "tokens": {"mean": 100.0},
+                "ceiling": {"configs": [{"runs": [ceiling]}], "reference": {"runs": []}}}
+
+    short = {"texts_per_s": 10.0, "tokens_per_s": 500.0}  # 10 texts of 50 tokens: 5 corpus-average texts
+    m = model([short], {"texts_per_s": 8.0, "tokens_per_s": 900.0})
+    report.normalise(m)
+    assert short[report.THROUGHPUT] == 5.0 and m["ceiling"]["configs"][0]["runs"][0][report.THROUGHPUT] == 9.0
+    old = {"texts_per_s": 10.0, "tokens_per_s": None}
+    m = model([old], {"texts_per_s": 8.0, "tokens_per_s": 900.0})
+    report.normalise(m)
+    assert old[report.THROUGHPUT] == 10.0 and m["ceiling"]["configs"][0]["runs"][0][report.THROUGHPUT] == 8.0
+
+
 def test_batch_summary_reads_the_worker_log(tmp_path: Path) -> None:
     """Batch sizes, texts per pass and padding efficiency come from the worker's batch lines after an offset."""
     log = tmp_path / "worker.log"
@@ -131,8 +155,8 @@ def test_cpu_meter_counts_a_child_process_tree() -> None:
 def results(bl_tput: float, tf_tput: float, bl_p99: float, tf_p99: float, p50s: tuple[float, float],
             ceiling: float, open_p99: list[float], outstanding: list[int] | None = None) -> dict[str, Any]:
     def window(tput: float, p50: float, p99: float) -> dict[str, Any]:
-        return {"texts_per_s": tput, "p50": p50, "p90": p99, "p99": p99, "errors": 0, "refused_p99": math.nan,
-                "seconds": 8.0,
+        return {"texts_per_s": tput, "tokens_per_s": tput * 100, "p50": p50, "p90": p99, "p99": p99, "errors": 0,
+                "refused_p99": math.nan, "seconds": 8.0,
                 "counts": {"ok": 1, "error": 0, "refused": 0, "timeout": 0, "dropped": 0}, "cpu": None,
                 "latencies": [p50, p99]}
 
@@ -146,9 +170,12 @@ def results(bl_tput: float, tf_tput: float, bl_p99: float, tf_p99: float, p50s: 
         {"system": "toxfleet", "mode": "jobs", "loop": "open", "load": 2.0, "rate": 20.0,
          "windows": [window(10, 1, p) for p in open_p99], "outstanding": outstanding or []},
     ]
-    run = {"texts_per_s": ceiling, "useful_gflops": 100.0}
-    return {"profile": {"clients": [1, 100], "open_loads": [2.0]}, "points": points,
-            "ceiling": {"best": "b", "configs": [{"config": {"label": "b"}, "runs": [run]}]}}
+    run = {"texts_per_s": ceiling, "tokens_per_s": ceiling * 100, "useful_gflops": 100.0}
+    model = {"profile": {"clients": [1, 100], "open_loads": [2.0]}, "points": points, "tokens": {"mean": 100.0},
+             "ceiling": {"best": "b", "configs": [{"config": {"label": "b"}, "runs": [run]}],
+                         "reference": {"runs": []}}}
+    report.normalise(model)
+    return model
 
 
 def test_report_verdicts_follow_the_issue_targets() -> None:
