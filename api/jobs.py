@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -135,6 +135,9 @@ class JobService:
         texts are all in the score cache is stored as succeeded at once, and no worker sees it."""
         job_id = uuid.uuid4().hex
         chunks = contract.chunk(texts, long_text=long_text)
+        # The default mode sends no keyword at all: the message stays what every worker version reads.
+        kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
+        sent_at = time.time()  # the messages' publish time, also recorded with them as pending
         manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time(), "long_text": long_text,
                                "thresholds": (thresholds or self._settings.base_thresholds).to_json()})
         manifest_key = JOB_KEY_PREFIX + job_id
@@ -150,6 +153,12 @@ class JobService:
                 pipe.set(manifest_key, manifest, ex=self._settings.result_expires)
                 if cached is not None:
                     self._store_cached(pipe, job_id, chunks, *cached)
+                else:
+                    # Recorded before the messages exist: a message Redis loses later is re-sent from here.
+                    pending = {contract.chunk_task_id(job_id, i): json.dumps({"args": [c], "kwargs": kwargs})
+                               for i, c in enumerate(chunks)}
+                    pipe.zadd(contract.PENDING_KEY, dict.fromkeys(pending, sent_at))
+                    pipe.hset(contract.PENDING_ARGS_KEY, mapping=cast(Any, pending))
                 await pipe.execute()
             logs.bind_job(job_id)
             if idem_key:
@@ -167,10 +176,15 @@ class JobService:
                         extra={"texts": len(texts), "messages": 0})
             return job_id, True
         try:
-            await run_in_threadpool(self._send, job_id, chunks, long_text)
+            await run_in_threadpool(self._send, job_id, chunks, kwargs, sent_at)
         except Exception as exc:  # kombu raises its own OperationalError family
             with contextlib.suppress(RedisError):
-                await self._redis.delete(manifest_key, *([idem_key] if idem_key else []))
+                task_ids = [contract.chunk_task_id(job_id, i) for i in range(len(chunks))]
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.delete(manifest_key, *([idem_key] if idem_key else []))
+                    pipe.zrem(contract.PENDING_KEY, *task_ids)
+                    pipe.hdel(contract.PENDING_ARGS_KEY, *task_ids)
+                    await pipe.execute()
             raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
         metrics.count_submitted(len(texts), len(chunks))
         logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
@@ -219,10 +233,8 @@ class JobService:
             count, _ = await pipe.execute()
         return int(count)
 
-    def _send(self, job_id: str, chunks: list[list[str]], long_text: str) -> None:
-        # The default mode sends no keyword at all: the message stays what every worker version reads.
-        kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
-        headers = {contract.SENT_AT_HEADER: time.time()}  # workers measure queue wait from it
+    def _send(self, job_id: str, chunks: list[list[str]], kwargs: dict[str, str] | None, sent_at: float) -> None:
+        headers = {contract.SENT_AT_HEADER: sent_at}  # workers measure queue wait from it
         with self._celery.producer_or_acquire() as producer:
             for i, texts in enumerate(chunks):
                 self._celery.send_task(contract.SCORE_TASK, args=[texts], kwargs=kwargs,

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -285,6 +285,26 @@ def test_delivery_leased_to_a_dead_batch_is_not_lost(env: dict[str, Any], refere
     for i, row in enumerate(scores):
         for label, value in row.items():
             assert value == pytest.approx(expected[label][i], abs=1e-4), (i, label)
+
+
+def test_message_popped_by_a_dying_worker_is_recovered(env: dict[str, Any], reference: Any) -> None:
+    """kombu takes a message off the queue (BRPOP) before it records it as unacked; a worker killed in
+    between leaves it nowhere (celery/celery#7950; this lost a job in CI). Here that pop is done by
+    hand, with no worker running: the worker started next finds the job's message lost, re-publishes
+    it from the API's pending record, and the job succeeds."""
+    load = Load(env["api"])
+    load.submit(jobs(3, 7))
+    client = redis.Redis.from_url(env["redis"].url)
+    popped = cast(bytes | None, client.rpop(contract.QUEUE))  # the oldest message: delivered, for Redis
+    assert popped is not None and client.llen(contract.QUEUE) == 2
+    lost_task = json.loads(popped)["headers"]["id"]
+    t0 = time.monotonic()
+    w = worker(env, "sweeper", TOXFLEET_SWEEP_SECONDS="1")
+    load.settle(60)
+    s = summarize("popped-then-killed", load, env["observer"], time.monotonic() - t0)
+    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 3
+    assert f"task {lost_task}: its message was lost by Redis" in w.output()
+    check_scores(load, reference)
 
 
 def test_sigterm_mid_batch_hands_work_back(env: dict[str, Any], reference: Any) -> None:

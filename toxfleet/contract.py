@@ -122,6 +122,14 @@ UNACKED_KEY = "unacked"
 """Redis hash in which kombu keeps messages delivered to a worker and not yet acknowledged (kombu's
 default `unacked_key`): with late acks, every message a worker has buffered or is scoring."""
 
+PENDING_KEY = "toxfleet:pending"
+"""Redis sorted set: task id -> unix time its current message was published, for every task the API
+sent that has no final result yet. With `PENDING_ARGS_KEY` it lets a worker re-publish a message that
+Redis lost (`worker.sweeper`); the worker that stores the final result removes both entries."""
+
+PENDING_ARGS_KEY = "toxfleet:pending:args"
+"""Redis hash: task id -> JSON `{"args": ..., "kwargs": ...}` of a pending task (see `PENDING_KEY`)."""
+
 
 WORKERS_KEY = "toxfleet:workers"
 """Redis sorted set: worker hostname -> unix time of its last heartbeat."""

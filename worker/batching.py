@@ -90,6 +90,11 @@ class BatchTask(Task):  # type: ignore[misc]
         """Store a final failure for a request that exhausted its retries (main process)."""
         raise NotImplementedError
 
+    def publish_again(self, task_id: str, args: Any, kwargs: Any, retries: int = 0) -> None:
+        """Publish a request's message anew under the same task id, stamped with its publish time."""
+        self.apply_async(args=args, kwargs=kwargs, task_id=task_id, retries=retries,
+                         headers={SENT_AT_HEADER: time()})
+
     # -- consumer side (main process) ---------------------------------------------------------
 
     def Strategy(self, task: BatchTask, app: Any, consumer: Any) -> Callable[..., None]:  # noqa: N802
@@ -213,7 +218,7 @@ class BatchTask(Task):  # type: ignore[misc]
             if retries < self.max_retries:
                 # Publish the copy before acking the original: a crash in between duplicates the
                 # request (the pool side skips requests whose result is already stored), never loses it.
-                self.apply_async(args=req.args, kwargs=req.kwargs, task_id=req.id, retries=retries + 1)
+                self.publish_again(req.id, req.args, req.kwargs, retries + 1)
                 req.send_event("task-retried", exception=reason)
             else:
                 self.on_worker_lost(req, f"{reason}; gave up after {retries + 1} attempts")

@@ -22,6 +22,7 @@ from celery import signals
 
 from toxfleet import contract, logs
 from worker.settings import WorkerSettings, get_settings
+from worker.sweeper import Sweeper
 
 if TYPE_CHECKING:
     from worker.scorer import Scorer
@@ -207,19 +208,29 @@ class _Heartbeat(threading.Thread):
 
 
 _heartbeat: _Heartbeat | None = None
+_sweeper: Sweeper | None = None
 
 
 @signals.worker_ready.connect
 def _on_ready(sender: Any = None, **_: Any) -> None:
-    global _heartbeat
+    global _heartbeat, _sweeper
+    from worker.tasks import score
+
     # Logged here, not at worker_init: Celery sets up logging after worker_init, and with text logs a
     # line logged before that is dropped.
     logger.info("backend %s (%s)", _backend_name, _backend_why)
     _heartbeat = _Heartbeat(sender.hostname, sender.controller.concurrency)
     _heartbeat.start()
+    settings = get_settings()
+    if settings.sweep_seconds > 0:
+        _sweeper = Sweeper(settings.redis_url, score.backend.get_key_for_task,
+                           score.publish_again, settings.sweep_seconds, settings.result_expires)
+        _sweeper.start()
 
 
 @signals.worker_shutdown.connect
 def _on_shutdown(**_: Any) -> None:
+    if _sweeper is not None:
+        _sweeper.stop()
     if _heartbeat is not None:
         _heartbeat.stop()

@@ -15,6 +15,8 @@ from typing import Any
 
 from celery import states
 
+from toxfleet import contract
+
 FINAL_STATES = frozenset({states.SUCCESS, states.FAILURE})
 
 LEASE_PREFIX = "toxfleet:lease:"
@@ -99,6 +101,9 @@ class ResultStore:
                 pipe.publish(key, value)
                 # The lease would expire by itself; dropping it with the result just keeps Redis tidy.
                 pipe.delete(LEASE_PREFIX + task_id)
+                # Final: nothing is left for the sweeper to recover.
+                pipe.zrem(contract.PENDING_KEY, task_id)
+                pipe.hdel(contract.PENDING_ARGS_KEY, task_id)
             pipe.execute()
 
     def claim(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int,

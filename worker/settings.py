@@ -61,6 +61,10 @@ class WorkerSettings(BaseSettings):
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400, description="Seconds results are kept.")
     process_start_timeout: float = Field(120.0, ge=5, le=3600,
                                          description="Seconds a new pool process may take to load the model.")
+    sweep_seconds: float = Field(10.0, ge=0, le=3600,
+                                 description="How often a worker looks for task messages Redis lost (popped by a "
+                                             "worker killed before it could record them) and re-publishes them "
+                                             "(worker/sweeper.py); 0: never.")
     max_retries: int = Field(2, ge=0, le=10,
                              description="Re-deliveries after a worker process died mid-batch, before failing.")
     max_texts: int = Field(contract.MAX_TEXTS_PER_JOB, ge=1, le=100_000, description="Most texts per task.")

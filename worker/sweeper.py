@@ -1,0 +1,201 @@
+"""Re-publish task messages that Redis lost: the one gap in Celery's at-least-once delivery on Redis.
+
+kombu's Redis transport takes a message with `BRPOP` and only then, in a second command, copies it
+into the `unacked` hash from which Redis redelivers it. A worker killed between the two (SIGKILL, the
+OOM killer, a Fargate task stopped) while its connection held popped messages loses them: no queue
+and no unacked hash has them any more (celery/celery#7950; seen here in CI, a job lost in about one
+`test_sigkill_whole_worker_then_replacement` run in two).
+
+The API records every task it sends in `contract.PENDING_KEY` (with its arguments in
+`PENDING_ARGS_KEY`) before the message exists, and the worker that stores a task's final result
+removes it. A sweep finds the pending tasks whose message is nowhere:
+
+- no result, no lease and no STARTED state (no batch took it);
+- not in the unacked hash (no worker holds it);
+- not in the queue: the queue is first in, first out, so a message published before the one the
+  queue hands out next has already been popped (a queue whose next message carries no publish time,
+  such as a redelivered one, proves nothing and the sweep waits).
+
+A task that looks lost on two sweeps at least `confirm` seconds apart (a live worker's pop and its
+unacked copy are milliseconds apart) is published again under the same task id; if the first copy
+was not lost after all, the batch that gets the second finds its result stored or its lease taken,
+so a task is never scored twice. One worker sweeps at a time (a Redis lock per round).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+
+from toxfleet import contract
+from worker.results import FINAL_STATES, LEASE_PREFIX
+
+logger = logging.getLogger(__name__)
+
+SWEEP_SECONDS = 10.0
+"""How often a worker looks for lost messages (the default of `TOXFLEET_SWEEP_SECONDS`)."""
+
+GRACE_SECONDS = 5.0
+"""Tasks published more recently than this are not looked at: their message may not be in Redis yet."""
+
+SKEW_SECONDS = 2.0
+"""Publish times come from several hosts, and a publisher stamps a message just before pushing it:
+only tasks stamped this much before the queue's next message count as having left the queue."""
+
+PAGE = 500
+"""Pending tasks read per round trip."""
+
+LOCK_KEY = "toxfleet:sweep:lock"
+SUSPECTS_KEY = "toxfleet:sweep:suspects"
+"""Redis hash: task id -> unix time a sweep first found its message nowhere."""
+
+Publish = Callable[[str, list[Any], dict[str, Any] | None], None]
+"""`publish(task_id, args, kwargs)`: send the task's message again, under the same task id, and move
+its `PENDING_KEY` time to the new message's publish time."""
+
+
+@dataclass
+class SweepReport:
+    """What one sweep saw and did."""
+
+    looked_at: int = 0
+    suspects: int = 0
+    republished: list[str] = field(default_factory=list)
+    forgotten: int = 0
+
+
+def _queue_head_sent_at(client: redis.Redis) -> float | None:
+    """Publish time of the message the queue hands out next: +inf when the queue is empty, None when
+    that message carries no publish time."""
+    raw = client.lindex(contract.QUEUE, -1)
+    if raw is None:
+        return float("inf")
+    try:
+        sent_at = json.loads(raw)["headers"].get(contract.SENT_AT_HEADER)
+        return float(sent_at) if sent_at is not None else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _unacked_task_ids(client: redis.Redis) -> set[str]:
+    ids: set[str] = set()
+    for _, raw in client.hscan_iter(contract.UNACKED_KEY, count=500):
+        try:
+            ids.add(str(json.loads(raw)[0]["headers"]["id"]))
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
+    return ids
+
+
+def sweep(client: redis.Redis, result_key: Callable[[str], bytes | str], publish: Publish, confirm: float,
+          expires: float, now: float | None = None) -> SweepReport:
+    """One sweep over the pending tasks (see the module docstring); `result_key(task_id)` names a
+    task's result meta, `expires` is how long results (and so pending tasks) are kept."""
+    now = time.time() if now is None else now
+    report = SweepReport()
+    head = _queue_head_sent_at(client)
+    if head is None:
+        return report
+    # Only tasks published before the queue's next message can have left the queue.
+    ceiling = min(now - GRACE_SECONDS, head - SKEW_SECONDS)
+    pending: list[tuple[str, float]] = []
+    offset = 0
+    while True:
+        page = cast(list[tuple[bytes, float]], client.zrangebyscore(
+            contract.PENDING_KEY, "-inf", f"({ceiling}", start=offset, num=PAGE, withscores=True))
+        pending += [(t.decode(), float(s)) for t, s in page]
+        if len(page) < PAGE:
+            break
+        offset += PAGE
+    report.looked_at = len(pending)
+    if not pending:
+        client.delete(SUSPECTS_KEY)
+        return report
+    sent = dict(pending)
+    unacked: set[str] | None = None
+    lost: list[str] = []
+    gone: list[str] = []
+    for i in range(0, len(pending), PAGE):
+        page_ids = [t for t, _ in pending[i:i + PAGE]]
+        with client.pipeline(transaction=False) as pipe:
+            for t in page_ids:
+                pipe.get(result_key(t))
+                pipe.exists(LEASE_PREFIX + t)
+            answers = pipe.execute()
+        for j, t in enumerate(page_ids):
+            meta, leased = answers[2 * j], answers[2 * j + 1]
+            status = _status(meta)
+            if status in FINAL_STATES or now - sent[t] > expires:
+                gone.append(t)  # stored (the worker's cleanup raced us) or long expired
+            elif status is None and not leased:
+                if unacked is None:
+                    unacked = _unacked_task_ids(client)
+                if t not in unacked:
+                    lost.append(t)
+    # Suspects not found lost again are dropped: they were in flight between two places.
+    suspects = {k.decode(): float(v) for k, v in cast(dict[bytes, bytes], client.hgetall(SUSPECTS_KEY)).items()}
+    confirmed = [t for t in lost if t in suspects and now - suspects[t] >= confirm]
+    waiting = [t for t in lost if t not in confirmed]
+    with client.pipeline(transaction=False) as pipe:
+        pipe.delete(SUSPECTS_KEY)
+        if waiting:
+            pipe.hset(SUSPECTS_KEY, mapping={t: suspects.get(t, now) for t in waiting})
+        if gone:
+            pipe.zrem(contract.PENDING_KEY, *gone)
+            pipe.hdel(contract.PENDING_ARGS_KEY, *gone)
+        pipe.execute()
+    report.forgotten = len(gone)
+    report.suspects = len(waiting)
+    for t in confirmed:
+        raw = client.hget(contract.PENDING_ARGS_KEY, t)
+        if raw is None:
+            continue  # finished meanwhile
+        body = json.loads(raw)
+        publish(t, body["args"], body.get("kwargs"))
+        report.republished.append(t)
+        logger.warning("task %s: its message was lost by Redis (no queue, no worker held it); re-published",
+                       t, extra={"task_id": t})
+    return report
+
+
+def _status(meta: bytes | None) -> str | None:
+    if not meta:
+        return None
+    try:
+        status = json.loads(meta).get("status")
+    except (ValueError, AttributeError):
+        return None
+    return str(status) if status else None
+
+
+class Sweeper(threading.Thread):
+    """Runs `sweep` every `interval` seconds in a worker's main process, one worker per round."""
+
+    def __init__(self, redis_url: str, result_key: Callable[[str], bytes | str], publish: Publish, interval: float,
+                 expires: float) -> None:
+        super().__init__(name="toxfleet-sweeper", daemon=True)
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self._result_key = result_key
+        self._publish = publish
+        self._interval = interval
+        self._expires = expires
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self._interval):
+            try:
+                # Slightly shorter than the interval, so the next round's lock is free again.
+                if self._redis.set(LOCK_KEY, "1", nx=True, px=int(self._interval * 900)):
+                    sweep(self._redis, self._result_key, self._publish, self._interval, self._expires)
+            except Exception as exc:  # Redis away or a bad entry: try again next round
+                logger.warning("sweep for lost messages failed: %r", exc)
+
+    def stop(self) -> None:
+        self._stopping.set()
