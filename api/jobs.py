@@ -165,7 +165,7 @@ class JobService:
                 record = json.dumps({"job_id": job_id, "fingerprint": fingerprint})
                 # The manifest exists before the key does, so whoever reads the key finds the job.
                 if not await self._redis.set(idem_key, record, nx=True, ex=self._settings.idempotency_ttl):
-                    await self._redis.delete(manifest_key)  # a concurrent twin won; ours was never sent
+                    await self._forget(job_id, len(chunks))  # a concurrent twin won; ours was never sent
                     return self._replay(await self._redis.get(idem_key), fingerprint), False
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
@@ -179,17 +179,23 @@ class JobService:
             await run_in_threadpool(self._send, job_id, chunks, kwargs, sent_at)
         except Exception as exc:  # kombu raises its own OperationalError family
             with contextlib.suppress(RedisError):
-                task_ids = [contract.chunk_task_id(job_id, i) for i in range(len(chunks))]
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.delete(manifest_key, *([idem_key] if idem_key else []))
-                    pipe.zrem(contract.PENDING_KEY, *task_ids)
-                    pipe.hdel(contract.PENDING_ARGS_KEY, *task_ids)
-                    await pipe.execute()
+                await self._forget(job_id, len(chunks), *([idem_key] if idem_key else []))
             raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
         metrics.count_submitted(len(texts), len(chunks))
         logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
                     extra={"texts": len(texts), "messages": len(chunks)})
         return job_id, True
+
+    async def _forget(self, job_id: str, chunks: int, *keys: str) -> None:
+        """Undo a submit whose messages were never sent: its manifest, its pending record (else the
+        sweeper would send what nobody asked for) and `keys`."""
+        task_ids = [contract.chunk_task_id(job_id, i) for i in range(chunks)]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.delete(JOB_KEY_PREFIX + job_id, *keys)
+            if task_ids:
+                pipe.zrem(contract.PENDING_KEY, *task_ids)
+                pipe.hdel(contract.PENDING_ARGS_KEY, *task_ids)
+            await pipe.execute()
 
     async def _check_backlog(self) -> None:
         """QueueFull when the fleet already holds more work than it should: accepted jobs then keep
