@@ -138,7 +138,7 @@ class JobService:
         # The default mode sends no keyword at all: the message stays what every worker version reads.
         kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
         sent_at = time.time()  # the messages' publish time, also recorded with them as pending
-        manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": time.time(), "long_text": long_text,
+        manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": sent_at, "long_text": long_text,
                                "thresholds": (thresholds or self._settings.base_thresholds).to_json()})
         manifest_key = JOB_KEY_PREFIX + job_id
         idem_key = IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(idempotency_key.encode()).hexdigest() \

@@ -151,6 +151,7 @@ class Bench:
         self.profile = profile
         self.corpus = corpus
         self.lengths = lengths  # token length of each corpus text, for token-normalised throughput
+        self.mean_tokens = sum(lengths) / len(lengths)
         self.cores = cores
         self.seed = seed
 
@@ -232,8 +233,8 @@ class Bench:
                                               running.worker_log))
                 points.extend(closed)
                 # Capacity: the best closed-loop throughput (normally at the most clients), token-normalised.
-                mean = sum(self.lengths) / len(self.lengths)
-                capacity = max(Spread.of([w["tokens_per_s"] / mean for w in c["windows"]]).median for c in closed)
+                capacity = max(Spread.of([w["tokens_per_s"] / self.mean_tokens for w in c["windows"]]).median
+                               for c in closed)
                 if mode not in self.profile.open_modes or not capacity > 0:
                     continue
                 for fraction in self.profile.open_loads:

@@ -191,6 +191,15 @@ def worker(env: dict[str, Any], name: str, concurrency: int = 2, **extra: str) -
     return proc
 
 
+def celery_client(url: str) -> Any:
+    """A Celery app that calls the scoring task directly, as a Python caller would (JSON only)."""
+    from celery import Celery
+
+    app = Celery(broker=url, backend=url)
+    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    return app
+
+
 def jobs(n: int, seed: int) -> list[list[str]]:
     corpus = CommentCorpus(seed)
     return [corpus.texts(1 + i % 3) for i in range(n)]
@@ -265,15 +274,12 @@ def test_delivery_leased_to_a_dead_batch_is_not_lost(env: dict[str, Any], refere
     """A request arrives while its lease is still held by a batch whose worker died (the lease outlives
     the holder by up to a visibility timeout): the delivery is left unacked, Redis redelivers it once
     the lease has expired, and it succeeds. Acking it instead lost the job (a CI run caught that)."""
-    from celery import Celery
-
     visibility = 5
     w = worker(env, "heir", concurrency=1, TOXFLEET_VISIBILITY_TIMEOUT=str(visibility))
     client = redis.Redis.from_url(env["redis"].url)
     task_id = "dead-lease-" + os.urandom(4).hex()
     client.set(results.LEASE_PREFIX + task_id, "batch-of-a-dead-worker", ex=visibility)
-    app = Celery(broker=env["redis"].url, backend=env["redis"].url)
-    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    app = celery_client(env["redis"].url)
     texts = CommentCorpus(14).texts(2)
     t0 = time.monotonic()
     result = app.send_task(contract.SCORE_TASK, args=[texts], queue=contract.QUEUE, task_id=task_id)
@@ -439,10 +445,8 @@ def test_crash_retries_are_bounded(env: dict[str, Any]) -> None:
     """A request whose pool process keeps dying is retried max_retries times, then fails with a reason
     instead of requeueing forever."""
     worker(env, "crashy", concurrency=1, TOXFLEET_MAX_RETRIES="1")
-    from celery import Celery
 
-    app = Celery(broker=env["redis"].url, backend=env["redis"].url)
-    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    app = celery_client(env["redis"].url)
     long_texts = CommentCorpus(12).texts(200)
     result = app.send_task(contract.SCORE_TASK, args=[long_texts], queue=contract.QUEUE)
     killed = set()

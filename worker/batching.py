@@ -92,8 +92,13 @@ class BatchTask(Task):  # type: ignore[misc]
 
     def publish_again(self, task_id: str, args: Any, kwargs: Any, retries: int = 0) -> None:
         """Publish a request's message anew under the same task id, stamped with its publish time."""
+        stamp = time()
+        self.on_publish_again(task_id, stamp)
         self.apply_async(args=args, kwargs=kwargs, task_id=task_id, retries=retries,
-                         headers={SENT_AT_HEADER: time()})
+                         headers={SENT_AT_HEADER: stamp})
+
+    def on_publish_again(self, task_id: str, stamp: float) -> None:
+        """Called just before `publish_again` sends a message stamped `stamp` (main process)."""
 
     # -- consumer side (main process) ---------------------------------------------------------
 

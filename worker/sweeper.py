@@ -39,9 +39,6 @@ from worker.results import FINAL_STATES, LEASE_PREFIX
 
 logger = logging.getLogger(__name__)
 
-SWEEP_SECONDS = 10.0
-"""How often a worker looks for lost messages (the default of `TOXFLEET_SWEEP_SECONDS`)."""
-
 GRACE_SECONDS = 5.0
 """Tasks published more recently than this are not looked at: their message may not be in Redis yet."""
 
@@ -153,8 +150,8 @@ def sweep(client: redis.Redis, result_key: Callable[[str], bytes | str], publish
         pipe.execute()
     report.forgotten = len(gone)
     report.suspects = len(waiting)
-    for t in confirmed:
-        raw = client.hget(contract.PENDING_ARGS_KEY, t)
+    bodies = cast(list[bytes | None], client.hmget(contract.PENDING_ARGS_KEY, confirmed)) if confirmed else []
+    for t, raw in zip(confirmed, bodies, strict=True):
         if raw is None:
             continue  # finished meanwhile
         body = json.loads(raw)

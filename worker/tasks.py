@@ -78,13 +78,10 @@ class ScoreTask(BatchTask):
         ResultStore(self.backend).store([Outcome(request.id, error=RuntimeError(reason))], {})
         metrics.count_failures("worker_lost")
 
-    def publish_again(self, task_id: str, args: Any, kwargs: Any, retries: int = 0) -> None:
+    def on_publish_again(self, task_id: str, stamp: float) -> None:
         # The pending time must equal the new message's stamp (worker.sweeper compares the two);
         # XX: a task sent straight to Celery, never recorded as pending, stays unrecorded.
-        stamp = time.time()
         self.backend.client.zadd(contract.PENDING_KEY, {task_id: stamp}, xx=True)
-        self.apply_async(args=args, kwargs=kwargs, task_id=task_id, retries=retries,
-                         headers={contract.SENT_AT_HEADER: stamp})
 
     def run_batch(self, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         started = time.perf_counter()
