@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 
-from tests.conftest import RedisServer, base_env, free_port, start_api, start_worker
+from testing import RedisServer, base_env, free_port, start_api, start_worker
 from toxfleet import cache as score_cache
 from toxfleet.corpus import CommentCorpus
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             fleets: dict[str, dict[str, Any]] = {}
             for db, (name, cache) in enumerate((("off", "false"), ("on", "true")), start=1):
-                url = f"redis://127.0.0.1:{server.port}/{db}"
+                url = server.db_url(db)
                 worker = start_worker(tmp, url, checkpoint, name=f"bench-{name}", concurrency=args.concurrency,
                                       env={"TOXFLEET_CACHE": cache})
                 api, api_url = start_api(tmp, url, name=f"bench-api-{name}", TOXFLEET_CACHE=cache)

@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from testing import ROOT
+
 ECS_DIR = ROOT / "deploy" / "ecs"
 TASK_DEFINITIONS = ("api", "worker", "flower")
 SCALING_POLICIES = ("api-scaling", "worker-scaling")

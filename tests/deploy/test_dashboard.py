@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Metric
 
-from tests.conftest import ROOT
+from testing import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "toxfleet.json"
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}

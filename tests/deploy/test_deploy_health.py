@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import Proc, RedisServer, base_env, free_port, wait_for
-from tests.deployfiles import ROOT, exec_form, parse_dockerfile, parse_healthcheck
+from testing import ROOT, Proc, RedisServer, base_env, free_port, wait_for
+from tests.deploy.deployfiles import exec_form, parse_dockerfile, parse_healthcheck
 
 pytestmark = pytest.mark.slow
 

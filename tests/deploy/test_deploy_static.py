@@ -33,10 +33,9 @@ from pydantic_settings import BaseSettings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import free_port
-from tests.deployfiles import (
+from testing import ROOT, free_port
+from tests.deploy.deployfiles import (
     ECS_DIR,
-    ROOT,
     SCALING_POLICIES,
     TASK_DEFINITIONS,
     Dockerfile,

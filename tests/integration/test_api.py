@@ -10,14 +10,13 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import ApiSettings
-from tests.conftest import free_port
+from testing import RedisServer, free_port
 from toxfleet import contract
 
 
 @pytest.fixture
-def client(redis_server) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
-    redis_server.client().flushdb()
-    settings = ApiSettings(redis_url=redis_server.url, max_texts=5, max_text_chars=50, max_wait=2)
+def client(clean_redis: RedisServer) -> Iterator[TestClient]:
+    settings = ApiSettings(redis_url=clean_redis.url, max_texts=5, max_text_chars=50, max_wait=2)
     with TestClient(create_app(settings)) as c:
         yield c
 
@@ -107,14 +106,13 @@ def test_wait_is_bounded(client: TestClient) -> None:
     assert client.get(f"/v1/jobs/{job_id}", params={"wait": -1}).status_code == 422
 
 
-def test_large_job_is_split_into_chunks(redis_server) -> None:  # type: ignore[no-untyped-def]
+def test_large_job_is_split_into_chunks(clean_redis: RedisServer) -> None:
     """A job larger than one chunk becomes several task messages, so several workers can share it."""
-    redis_server.client().flushdb()
-    with TestClient(create_app(ApiSettings(redis_url=redis_server.url))) as c:
+    with TestClient(create_app(ApiSettings(redis_url=clean_redis.url))) as c:
         texts = [f"text number {i}" for i in range(100)]
         r = c.post("/v1/jobs", json={"texts": texts})
         assert r.status_code == 202
-        assert redis_server.client().llen(contract.QUEUE) == len(contract.chunk(texts)) > 1
+        assert clean_redis.client().llen(contract.QUEUE) == len(contract.chunk(texts)) > 1
         assert c.get(r.headers["location"]).json()["progress"]["total"] == 100
 
 
@@ -128,10 +126,9 @@ def test_health_endpoints(client: TestClient) -> None:
     assert ready.json()["broker"] == "ok" and ready.json()["workers"] == 0
 
 
-def test_queue_full_is_429_with_retry_after(redis_server) -> None:  # type: ignore[no-untyped-def]
+def test_queue_full_is_429_with_retry_after(clean_redis: RedisServer) -> None:
     """When more messages wait than max_queue_depth, new jobs are refused at once with 429."""
-    redis_server.client().flushdb()
-    with TestClient(create_app(ApiSettings(redis_url=redis_server.url, max_queue_depth=2))) as c:
+    with TestClient(create_app(ApiSettings(redis_url=clean_redis.url, max_queue_depth=2))) as c:
         assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202
         assert c.post("/v1/jobs", json={"texts": ["b"]}).status_code == 202
         r = c.post("/v1/jobs", json={"texts": ["c"]})
@@ -159,13 +156,12 @@ def test_openapi_docs_are_served(client: TestClient) -> None:
     assert client.get("/docs").status_code == 200
 
 
-def test_many_long_polls_share_a_few_redis_connections(redis_server) -> None:  # type: ignore[no-untyped-def]
+def test_many_long_polls_share_a_few_redis_connections(clean_redis: RedisServer) -> None:
     """150 concurrent long-polls through an API allowed 8 Redis connections all answer (no 503):
     waiting requests share one pub/sub connection instead of holding one each."""
     import concurrent.futures
 
-    redis_server.client().flushdb()
-    settings = ApiSettings(redis_url=redis_server.url, redis_max_connections=8, max_wait=5, backlog_per_process=1000)
+    settings = ApiSettings(redis_url=clean_redis.url, redis_max_connections=8, max_wait=5, backlog_per_process=1000)
     with TestClient(create_app(settings)) as c:
         ids = [c.post("/v1/jobs", json={"texts": [f"t{i}"]}).json()["id"] for i in range(150)]
         t0 = time.monotonic()
@@ -175,14 +171,13 @@ def test_many_long_polls_share_a_few_redis_connections(redis_server) -> None:  #
         assert time.monotonic() - t0 < 10
 
 
-def test_backlog_limit_counts_prefetched_work_and_scales_with_workers(redis_server) -> None:  # type: ignore[no-untyped-def]
+def test_backlog_limit_counts_prefetched_work_and_scales_with_workers(clean_redis: RedisServer) -> None:
     """The 429 limit is backlog_per_process x live worker processes, and messages workers hold but have
     not finished (kombu's `unacked` hash) count as waiting too."""
     import json
 
-    r = redis_server.client()
-    r.flushdb()
-    settings = ApiSettings(redis_url=redis_server.url, backlog_per_process=2)
+    r = clean_redis.client()
+    settings = ApiSettings(redis_url=clean_redis.url, backlog_per_process=2)
     with TestClient(create_app(settings)) as c:
         r.hset(contract.UNACKED_KEY, mapping={"tag1": "x"})  # one message prefetched by some worker
         assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202

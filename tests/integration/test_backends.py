@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from testing import ROOT, start_worker
+from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
 from worker.export import ExportError
 from worker.fidelity import FP32_BUDGET, REDUCED_BUDGET, compare, gate_texts, measure, run_gate, score
 from worker.settings import WorkerSettings
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -303,8 +303,6 @@ def _private_checkpoint(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> t
 
 def _worker_log(tmp_path: Path, redis_url: str, checkpoint: tuple[Path, Path], name: str) -> str:
     """Start a real worker with default settings (no TOXFLEET_BACKEND), wait until it is ready, stop it."""
-    from tests.conftest import start_worker
-
     worker = start_worker(tmp_path, redis_url, checkpoint, name=name, concurrency=1)
     try:
         return worker.output()
@@ -331,7 +329,6 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
     """Dockerfile.worker's export command (gate on), run verbatim without TOXFLEET_EXPORT_DIR, writes the
     decision next to the checkpoint; a default worker then runs the chosen backend, and on a CPU whose
     flags differ from the decision's it runs torch and says why."""
-    from tests.deployfiles import parse_dockerfile, shell_commands
     from worker.selection import Decision
 
     checkpoint = _private_checkpoint(tiny_checkpoint, tmp_path)

@@ -19,14 +19,13 @@ from bench.services import ROOT, http_json, start_baseline
 pytestmark = pytest.mark.bench
 
 
-def test_baseline_serves_detoxify_scores(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
+def test_baseline_serves_detoxify_scores(tiny_checkpoint: tuple[Path, Path], tiny_detoxify: Any,
+                                        tmp_path: Path) -> None:
     """The baseline under gunicorn returns exactly `Detoxify.predict([q])` for the same checkpoint."""
     from urllib.parse import quote
 
-    from detoxify import Detoxify
-
     ckpt, hf = tiny_checkpoint
-    expected = Detoxify(checkpoint=str(ckpt), huggingface_config_path=str(hf)).predict(["you are a fine person"])
+    expected = tiny_detoxify.predict(["you are a fine person"])
     service, url = start_baseline(ckpt, hf, workers=2, log_dir=tmp_path)
     with service:
         assert len(service.procs) == 1

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
 
-from tests.conftest import RedisServer
+from testing import RedisServer
 from toxfleet import cache as score_cache
 from toxfleet.cache import AsyncScoreCache, ScoreCache, namespace
 
 
 @pytest.fixture
-def cache(redis_server: RedisServer) -> Iterator[ScoreCache]:
-    client = redis_server.client()
-    client.flushdb()
-    yield ScoreCache(client, ttl=300, max_entries=5)
-    client.flushdb()
+def cache(clean_redis: RedisServer) -> ScoreCache:
+    return ScoreCache(clean_redis.client(), ttl=300, max_entries=5)
 
 
 def test_round_trip_exact_floats(cache: ScoreCache) -> None:

@@ -4,44 +4,21 @@ API served by uvicorn, several concurrent HTTP clients, scores checked against D
 from __future__ import annotations
 
 import concurrent.futures
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import Proc, RedisServer, free_port, start_api, start_worker, wait_for
+from testing import Fleet, FleetSpec, wait_for
 from toxfleet import contract
 from toxfleet.corpus import CommentCorpus
 
 FLOWER_AUTH = ("tester", "s3cret-flower")
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path], session_tmp: Path) -> Iterator[dict[str, Any]]:
-    redis_server.client().flushdb()
-    worker = start_worker(session_tmp, redis_server.url, tiny_checkpoint, name="e2e")
-    # The blocker job below is 200 messages on its own; backpressure has its own tests in test_api.py.
-    api, url = start_api(session_tmp, redis_server.url, name="e2e-api", TOXFLEET_BACKLOG_PER_PROCESS="10000")
-    port = free_port()
-    flower = Proc("flower", [sys.executable, "-m", "celery", "-A", "worker", "flower", "--address=127.0.0.1",
-                             f"--port={port}"],
-                  {**worker.env, "FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH)}, session_tmp / "flower.log").start()
-    flower_url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: httpx.get(flower_url + "/healthcheck", timeout=1).status_code == 200, 30, "flower")
-    yield {"url": url, "worker": worker, "api": api, "flower": flower_url, "redis": redis_server}
-    for p in (flower, api, worker):
-        p.stop()
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_checkpoint: tuple[Path, Path]) -> Any:
-    from detoxify import Detoxify
-
-    return Detoxify(checkpoint=str(tiny_checkpoint[0]), huggingface_config_path=str(tiny_checkpoint[1]))
+# The blocker job below is 200 messages on its own; backpressure has its own tests in test_api.py.
+FLEET = FleetSpec("e2e", api_env={"TOXFLEET_BACKLOG_PER_PROCESS": "10000"}, flower_auth=FLOWER_AUTH)
 
 
 def _assert_matches(reference: Any, texts: list[str], results: list[dict[str, float]]) -> None:
@@ -54,13 +31,13 @@ def _assert_matches(reference: Any, texts: list[str], results: list[dict[str, fl
             assert value == pytest.approx(want, abs=1e-4), (i, label)
 
 
-def test_concurrent_clients_get_correct_scores(fleet: dict[str, Any], reference: Any) -> None:
+def test_concurrent_clients_get_correct_scores(fleet: Fleet, tiny_detoxify: Any) -> None:
     """Eight clients submit jobs at once and poll to succeeded; every score equals Detoxify.predict."""
     corpus = CommentCorpus(21)
     jobs = [corpus.texts(1 + i % 4) for i in range(24)]
 
     def run(texts: list[str]) -> dict[str, Any]:
-        with httpx.Client(base_url=fleet["url"], timeout=60) as c:
+        with httpx.Client(base_url=fleet.url, timeout=60) as c:
             r = c.post("/v1/jobs", json={"texts": texts})
             assert r.status_code == 202
             location = r.headers["location"]
@@ -76,16 +53,16 @@ def test_concurrent_clients_get_correct_scores(fleet: dict[str, Any], reference:
         assert body["status"] == "succeeded", body
         assert body["model"] == "checkpoint:tiny/model.ckpt" and body["error"] is None
         assert body["progress"] == {"done": len(texts), "total": len(texts)}
-        _assert_matches(reference, texts, body["results"])
+        _assert_matches(tiny_detoxify, texts, body["results"])
 
 
-def test_texts_from_several_jobs_share_one_batch(fleet: dict[str, Any]) -> None:
+def test_texts_from_several_jobs_share_one_batch(fleet: Fleet) -> None:
     """While the pool is busy, small jobs from many clients queue up and are scored in one batch."""
     from celery import Celery
 
-    app = Celery(broker=fleet["redis"].url, backend=fleet["redis"].url)
+    app = Celery(broker=fleet.redis.url, backend=fleet.redis.url)
     app.conf.update(result_serializer="json", accept_content=["json"])
-    with httpx.Client(base_url=fleet["url"], timeout=30) as c:
+    with httpx.Client(base_url=fleet.url, timeout=30) as c:
         # Long texts keep both pool processes busy for a moment, so the small jobs below wait together.
         # Distinct texts, or the score cache would answer all but the first few from Redis.
         blocker = c.post("/v1/jobs", json={"texts": [f"{i} " + "word " * 600 for i in range(200)]}).json()["id"]
@@ -104,12 +81,12 @@ def test_texts_from_several_jobs_share_one_batch(fleet: dict[str, Any]) -> None:
         batches.setdefault(meta["batch"]["id"], set()).add(job_id)
     sizes = sorted((len(j) for j in batches.values()), reverse=True)
     assert sizes[0] >= 8, f"jobs per batch: {sizes}"
-    assert "requests=" in fleet["worker"].output()
+    assert "requests=" in fleet.worker.output()
 
 
-def test_long_poll_answers_as_soon_as_the_result_lands(fleet: dict[str, Any]) -> None:
+def test_long_poll_answers_as_soon_as_the_result_lands(fleet: Fleet) -> None:
     """?wait=30 on a small job returns well before 30 s: the API is woken by the result, not a timer."""
-    with httpx.Client(base_url=fleet["url"], timeout=40) as c:
+    with httpx.Client(base_url=fleet.url, timeout=40) as c:
         job_id = c.post("/v1/jobs", json={"texts": ["quick one"]}).json()["id"]
         t0 = time.monotonic()
         body = c.get(f"/v1/jobs/{job_id}", params={"wait": 30}).json()
@@ -117,50 +94,50 @@ def test_long_poll_answers_as_soon_as_the_result_lands(fleet: dict[str, Any]) ->
         assert time.monotonic() - t0 < 5
 
 
-def test_compat_endpoints_return_the_old_shapes(fleet: dict[str, Any], reference: Any) -> None:
+def test_compat_endpoints_return_the_old_shapes(fleet: Fleet, tiny_detoxify: Any) -> None:
     """GET /toxicity?q= returns {label: float}; POST /toxicity/batch returns a list of them."""
-    with httpx.Client(base_url=fleet["url"], timeout=40) as c:
+    with httpx.Client(base_url=fleet.url, timeout=40) as c:
         one = c.get("/toxicity", params={"q": "you are a lovely person"})
         assert one.status_code == 200
-        _assert_matches(reference, ["you are a lovely person"], [one.json()])
+        _assert_matches(tiny_detoxify, ["you are a lovely person"], [one.json()])
         texts = ["first text", "second, longer text here", "third"]
         many = c.post("/toxicity/batch", json=texts)
         assert many.status_code == 200
-        _assert_matches(reference, texts, many.json())
+        _assert_matches(tiny_detoxify, texts, many.json())
         assert c.post("/toxicity/batch", json=[]).status_code == 422
 
 
-def test_direct_celery_calls(fleet: dict[str, Any], reference: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_direct_celery_calls(fleet: Fleet, tiny_detoxify: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python callers: send_task by name and the task object's .delay both return one dict per text."""
-    monkeypatch.setenv("REDIS_URL", fleet["redis"].url)
+    monkeypatch.setenv("REDIS_URL", fleet.redis.url)
     from worker import app
     from worker.tasks import score
 
-    app.conf.broker_url = app.conf.result_backend = fleet["redis"].url
+    app.conf.broker_url = app.conf.result_backend = fleet.redis.url
     texts = ["direct call one", "direct call two"]
     by_name = app.send_task("toxfleet.score", args=[texts]).get(timeout=30)
     by_task = score.delay(texts).get(timeout=30)
-    _assert_matches(reference, texts, by_name)
+    _assert_matches(tiny_detoxify, texts, by_name)
     assert by_task == by_name
     with pytest.raises(ValueError, match="not a string"):
         app.send_task("toxfleet.score", args=[["ok", 3]]).get(timeout=30)
 
 
-def test_readyz_reports_the_worker(fleet: dict[str, Any]) -> None:
+def test_readyz_reports_the_worker(fleet: Fleet) -> None:
     """/readyz counts the answering worker and names its model."""
-    body = httpx.get(fleet["url"] + "/readyz", timeout=5).json()
+    body = httpx.get(fleet.url + "/readyz", timeout=5).json()
     assert body["status"] == "ready" and body["workers"] == 1
     assert body["models"] == ["checkpoint:tiny/model.ckpt"]
 
 
-def test_flower_shows_the_worker_and_tasks_behind_auth(fleet: dict[str, Any]) -> None:
+def test_flower_shows_the_worker_and_tasks_behind_auth(fleet: Fleet) -> None:
     """Flower lists the worker and the scoring tasks, and refuses requests without credentials."""
-    flower = fleet["flower"]
+    flower = fleet.flower
     assert httpx.get(flower + "/api/workers", timeout=5).status_code == 401
     with httpx.Client(base_url=flower, auth=FLOWER_AUTH, timeout=10) as c:
-        wait_for(lambda: fleet["worker"].extra["hostname"] in c.get("/api/workers", params={"refresh": 1}).json(),
+        wait_for(lambda: fleet.worker.extra["hostname"] in c.get("/api/workers", params={"refresh": 1}).json(),
                  20, "flower to see the worker")
-        httpx.post(fleet["url"] + "/v1/jobs", json={"texts": ["seen by flower"]}, timeout=10)
+        httpx.post(fleet.url + "/v1/jobs", json={"texts": ["seen by flower"]}, timeout=10)
 
         def task_listed() -> bool:
             tasks = c.get("/api/tasks").json()

@@ -15,8 +15,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -29,7 +27,7 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import MODELS, ROOT, Proc, RedisServer, free_port, start_api, start_worker, wait_for
+from testing import ROOT, Proc, RedisServer, free_port, start_api, start_worker, synthetic_checkpoint, wait_for
 from toxfleet import contract
 from toxfleet.corpus import CommentCorpus
 from worker import results
@@ -42,11 +40,7 @@ VISIBILITY = "30"
 
 @pytest.fixture(scope="module")
 def full_checkpoint() -> tuple[Path, Path]:
-    ckpt = MODELS / "unbiased-small" / "model.ckpt"
-    if not ckpt.is_file():
-        subprocess.run([sys.executable, "-m", "worker.synthetic", "unbiased-small", "--out", str(MODELS)],
-                       check=True, cwd=ROOT)
-    return ckpt, ckpt.parent / "hf"
+    return synthetic_checkpoint("unbiased-small")
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +55,7 @@ def reference(full_checkpoint: tuple[Path, Path]) -> Any:
 @pytest.fixture
 def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A private Redis with AOF persistence, like the shipped deployment, so a restart loses nothing."""
-
-    class AofRedis(RedisServer):
-        def start(self) -> None:
-            self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-                 "--appendfsync", "everysec", "--dir", str(self.workdir)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            client = redis.Redis(port=self.port)
-            wait_for(lambda: bool(client.ping()), 10, "redis-server")
-
-    server = AofRedis(free_port(), tmp_path)
+    server = RedisServer(free_port(), tmp_path, appendonly=True)
     server.start()
     yield server
     server.stop()

@@ -10,13 +10,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from tests.conftest import RedisServer, start_api
+from testing import RedisServer, start_api
 
 
 @pytest.fixture(scope="module")
 def api_url(redis_server: RedisServer, session_tmp: Path) -> Iterator[str]:
-    redis_server.client().flushdb()
-    proc, url = start_api(session_tmp, redis_server.url, name="fuzz-api", TOXFLEET_MAX_WAIT="0.2",
+    proc, url = start_api(session_tmp, redis_server.flush(), name="fuzz-api", TOXFLEET_MAX_WAIT="0.2",
                           TOXFLEET_COMPAT_TIMEOUT="0.2")
     yield url
     proc.stop()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, RedisServer, base_env, free_port, start_api, start_worker, wait_for
+from testing import ROOT, Fleet, FleetSpec, RedisServer, base_env, free_port, start_api, wait_for
 from toxfleet import contract
 from toxfleet.corpus import CommentCorpus
 
@@ -39,30 +39,14 @@ def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 
 
-def redis_db(server: RedisServer, db: int) -> str:
-    # A database of its own, so workers and jobs of other test modules never show up in the counts.
-    return f"redis://127.0.0.1:{server.port}/{db}"
-
-
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tiny_checkpoint: tuple[Path, Path], session_tmp: Path) -> Iterator[dict[str, Any]]:
-    url = redis_db(redis_server, 4)
-    import redis
-
-    redis.Redis.from_url(url).flushdb()
-    port = free_port()
-    # Score cache off: the counts below assume every job reaches the worker, and the tests resubmit the
-    # same texts, which the cache would answer (its metrics are tested in test_bulk.py).
-    worker = start_worker(session_tmp, url, tiny_checkpoint, name="obs",
-                          env={"TOXFLEET_METRICS_PORT": str(port), "TOXFLEET_LOG_FORMAT": "json",
-                               "TOXFLEET_CACHE": "false"})
-    api, api_url = start_api(session_tmp, url, name="obs-api", TOXFLEET_LOG_FORMAT="json",
-                             TOXFLEET_MAX_BODY_BYTES=str(64 * 1024), TOXFLEET_CACHE="false")
-    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).status_code == 200, 20, "worker metrics")
-    yield {"url": api_url, "worker_metrics": f"http://127.0.0.1:{port}/metrics", "worker": worker, "api": api,
-           "redis_url": url}
-    api.stop()
-    worker.stop()
+# Databases of their own (4: the fleet, 5: the idle queue), so workers and jobs of other test modules
+# never show up in the counts.
+FLEET_DB, IDLE_DB = 4, 5
+# Score cache off: the counts below assume every job reaches the worker, and the tests resubmit the
+# same texts, which the cache would answer (its metrics are tested in test_bulk.py).
+FLEET = FleetSpec("obs", db=FLEET_DB, worker_env={"TOXFLEET_LOG_FORMAT": "json", "TOXFLEET_CACHE": "false"},
+                  api_env={"TOXFLEET_LOG_FORMAT": "json", "TOXFLEET_MAX_BODY_BYTES": str(64 * 1024),
+                           "TOXFLEET_CACHE": "false"})
 
 
 def _run_jobs(api_url: str, sizes: list[int]) -> tuple[list[str], int]:
@@ -76,17 +60,17 @@ def _run_jobs(api_url: str, sizes: list[int]) -> tuple[list[str], int]:
     return ids, sum(len(contract.chunk(texts)) for texts in jobs)
 
 
-def test_worker_metrics_add_up_across_pool_processes(fleet: dict[str, Any]) -> None:
+def test_worker_metrics_add_up_across_pool_processes(fleet: Fleet) -> None:
     """After a few jobs, the worker's /metrics (summed over its pool processes) counts exactly the
     texts, messages and queue waits submitted, and batch histograms agree with the counters."""
-    before = scrape(fleet["worker_metrics"])
-    _, messages = _run_jobs(fleet["url"], JOB_SIZES)
+    before = scrape(fleet.worker_metrics)
+    _, messages = _run_jobs(fleet.url, JOB_SIZES)
     texts = sum(JOB_SIZES)
     assert messages >= 1 + 1 + 2 + 1 + 3
     # Counters are written right after the results, which the client may see first: wait for them.
-    wait_for(lambda: delta(before, scrape(fleet["worker_metrics"]), "toxfleet_tasks_total", outcome="succeeded")
+    wait_for(lambda: delta(before, scrape(fleet.worker_metrics), "toxfleet_tasks_total", outcome="succeeded")
              == messages, 10, "task counters")
-    after = scrape(fleet["worker_metrics"])
+    after = scrape(fleet.worker_metrics)
 
     def d(name: str, **labels: str) -> float:
         return delta(before, after, name, **labels)
@@ -106,27 +90,27 @@ def test_worker_metrics_add_up_across_pool_processes(fleet: dict[str, Any]) -> N
     assert d("toxfleet_tasks_total", outcome="failed") == 0
 
 
-def test_worker_counts_failures_by_reason(fleet: dict[str, Any]) -> None:
+def test_worker_counts_failures_by_reason(fleet: Fleet) -> None:
     """A request with bad input counts as failed (reason invalid); sent without the API's header, it
     adds no queue-wait sample."""
     from celery import Celery
 
-    before = scrape(fleet["worker_metrics"])
-    app = Celery(broker=fleet["redis_url"], backend=fleet["redis_url"])
+    before = scrape(fleet.worker_metrics)
+    app = Celery(broker=fleet.redis_url, backend=fleet.redis_url)
     app.conf.update(result_serializer="json", accept_content=["json"], task_default_queue=contract.QUEUE)
     with pytest.raises(Exception, match="not a string"):
         app.send_task(contract.SCORE_TASK, args=[["fine", 3]]).get(timeout=30)
-    wait_for(lambda: delta(before, scrape(fleet["worker_metrics"]), "toxfleet_task_failures_total",
+    wait_for(lambda: delta(before, scrape(fleet.worker_metrics), "toxfleet_task_failures_total",
                            reason="invalid") == 1, 10, "failure counter")
-    after = scrape(fleet["worker_metrics"])
+    after = scrape(fleet.worker_metrics)
     assert delta(before, after, "toxfleet_tasks_total", outcome="failed") == 1
     assert delta(before, after, "toxfleet_queue_wait_seconds_count") == 0
 
 
-def test_api_metrics_count_requests_by_route_template(fleet: dict[str, Any]) -> None:
+def test_api_metrics_count_requests_by_route_template(fleet: Fleet) -> None:
     """The API counts and times each request under its route template and status, never the raw path,
     and counts the jobs, texts and messages it accepted."""
-    url = fleet["url"]
+    url = fleet.url
     before = scrape(url + "/metrics")
     ids, messages = _run_jobs(url, [2, 17])
     with httpx.Client(base_url=url, timeout=10) as c:
@@ -168,18 +152,18 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
     return parsed
 
 
-def test_json_logs_carry_the_job_ids_on_both_tiers(fleet: dict[str, Any]) -> None:
+def test_json_logs_carry_the_job_ids_on_both_tiers(fleet: Fleet) -> None:
     """With TOXFLEET_LOG_FORMAT=json every line both processes write is JSON, and the API's submit and
     finish lines and the worker's batch lines name the jobs they concern."""
-    ids = set(_run_jobs(fleet["url"], [2, 18])[0])
-    wait_for(lambda: ids <= {j for e in _json_lines(fleet["worker"].output()) for j in e.get("job_ids", [])},
+    ids = set(_run_jobs(fleet.url, [2, 18])[0])
+    wait_for(lambda: ids <= {j for e in _json_lines(fleet.worker.output()) for j in e.get("job_ids", [])},
              10, "worker batch lines")
-    worker_lines = _json_lines(fleet["worker"].output())
+    worker_lines = _json_lines(fleet.worker.output())
     batch_lines = [e for e in worker_lines if e["logger"] == "worker.tasks" and e["message"].startswith("batch ")]
     assert all({"batch_id", "requests", "texts", "tokens", "seconds"} <= set(e) for e in batch_lines)
     assert any("ready" in e["message"] for e in worker_lines)
 
-    api_lines = _json_lines(fleet["api"].output())
+    api_lines = _json_lines(fleet.api.output())
     submitted = {e["job_id"] for e in api_lines if "submitted" in e["message"]}
     finished = {e["job_id"] for e in api_lines if e.get("status") == "succeeded"}
     assert ids <= submitted and ids <= finished
@@ -193,8 +177,7 @@ def test_json_logs_carry_the_job_ids_on_both_tiers(fleet: dict[str, Any]) -> Non
 def idle_queue(redis_server: RedisServer, session_tmp: Path) -> Iterator[dict[str, Any]]:
     import redis
 
-    url = redis_db(redis_server, 5)
-    redis.Redis.from_url(url).flushdb()
+    url = redis_server.flush(IDLE_DB)
     api, api_url = start_api(session_tmp, url, name="obs-idle-api")
     yield {"url": api_url, "redis_url": url, "client": redis.Redis.from_url(url)}
     api.stop()
@@ -265,7 +248,7 @@ def test_metrics_stay_open_with_api_keys_and_can_be_switched_off(redis_server: R
                                                                   session_tmp: Path) -> None:
     """With API keys on, /metrics answers without a key (a scraper has none) while jobs need one;
     TOXFLEET_METRICS_ENABLED=false removes /metrics (404)."""
-    url = redis_db(redis_server, 5)
+    url = redis_server.db_url(IDLE_DB)
     api, base = start_api(session_tmp, url, name="obs-keys-api", TOXFLEET_API_KEYS="k" * 20)
     try:
         assert httpx.post(base + "/v1/jobs", json={"texts": ["x"]}, timeout=5).status_code == 401

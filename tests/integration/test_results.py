@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from testing import RedisServer
 from worker.results import LEASE_PREFIX, Outcome, ResultStore
 
 
 @pytest.fixture
-def store(redis_server) -> Iterator[tuple[ResultStore, Any]]:  # type: ignore[no-untyped-def]
-    redis_server.client().flushdb()
-    app = Celery(broker=redis_server.url, backend=redis_server.url, set_as_current=False)
+def store(clean_redis: RedisServer) -> Iterator[tuple[ResultStore, Any]]:
+    app = Celery(broker=clean_redis.url, backend=clean_redis.url, set_as_current=False)
     app.conf.update(result_serializer="json", accept_content=["json"], result_expires=600)
     yield ResultStore(app.backend), app
 

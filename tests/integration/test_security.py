@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import ApiSettings
+from testing import RedisServer
 from toxfleet import contract
 
 KEY = "k" * 24
@@ -17,9 +18,8 @@ OTHER = "o" * 24
 
 
 @pytest.fixture
-def keyed(redis_server) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
-    redis_server.client().flushdb()
-    settings = ApiSettings(redis_url=redis_server.url, api_keys=f"{KEY},{OTHER}", rate_limit=5)  # type: ignore[arg-type]
+def keyed(clean_redis: RedisServer) -> Iterator[TestClient]:
+    settings = ApiSettings(redis_url=clean_redis.url, api_keys=f"{KEY},{OTHER}", rate_limit=5)  # type: ignore[arg-type]
     with TestClient(create_app(settings)) as c:
         yield c
 
@@ -59,9 +59,8 @@ def test_short_keys_are_refused_at_start() -> None:
 
 
 @pytest.fixture
-def client(redis_server) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
-    redis_server.client().flushdb()
-    with TestClient(create_app(ApiSettings(redis_url=redis_server.url, max_body_bytes=2048))) as c:
+def client(clean_redis: RedisServer) -> Iterator[TestClient]:
+    with TestClient(create_app(ApiSettings(redis_url=clean_redis.url, max_body_bytes=2048))) as c:
         yield c
 
 

@@ -13,6 +13,7 @@ import pytest
 import redis
 from celery import Celery
 
+from testing import RedisServer
 from toxfleet import contract
 from worker.results import Outcome, ResultStore
 from worker.sweeper import SUSPECTS_KEY, sweep
@@ -54,9 +55,8 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(redis_server) -> Iterator[Fleet]:  # type: ignore[no-untyped-def]
-    redis_server.client().flushdb()
-    yield Fleet(redis_server.url)
+def fleet(clean_redis: RedisServer) -> Iterator[Fleet]:
+    yield Fleet(clean_redis.url)
 
 
 def test_a_popped_message_nobody_recorded_is_republished_on_the_second_look(fleet: Fleet) -> None:

@@ -3,7 +3,6 @@ truncation never reads, changes the score; each label is the max over the window
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,18 +12,11 @@ from toxfleet.corpus import CommentCorpus
 
 
 @pytest.fixture(scope="module")
-def detoxify_model(tiny_checkpoint: tuple[Path, Path]) -> Any:
-    from detoxify import Detoxify
-
-    return Detoxify(checkpoint=str(tiny_checkpoint[0]), huggingface_config_path=str(tiny_checkpoint[1]))
-
-
-@pytest.fixture(scope="module")
-def scorer(detoxify_model: Any) -> Any:
+def scorer(tiny_detoxify: Any) -> Any:
     from worker.backend import TorchBackend
     from worker.scorer import Scorer
 
-    return Scorer(TorchBackend(detoxify_model, "tiny"), 1024, 16)
+    return Scorer(TorchBackend(tiny_detoxify, "tiny"), 1024, 16)
 
 
 def single_token_words(tokenizer: Any, n: int) -> list[str]:
@@ -41,13 +33,13 @@ def single_token_words(tokenizer: Any, n: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def long_text(detoxify_model: Any) -> tuple[str, list[str]]:
+def long_text(tiny_detoxify: Any) -> tuple[str, list[str]]:
     """~1,400 single-token words: a bland head and, past token 900, the tail that scores highest on
     toxicity of a few candidates (on random weights "toxic-looking" means: scores high on its own)."""
-    words = single_token_words(detoxify_model.tokenizer, 60)
+    words = single_token_words(tiny_detoxify.tokenizer, 60)
     head = [words[i % 20] for i in range(900)]
     candidates = [[words[20 + (i * k) % 40] for i in range(500)] for k in (1, 3, 7, 11)]
-    tail = max(candidates, key=lambda ws: detoxify_model.predict(" ".join(ws[:400]))["toxicity"])
+    tail = max(candidates, key=lambda ws: tiny_detoxify.predict(" ".join(ws[:400]))["toxicity"])
     all_words = head + tail
     return " ".join(all_words), all_words
 
@@ -66,7 +58,7 @@ def test_first_window_is_the_truncated_text(scorer: Any, long_text: tuple[str, l
     assert len(windows) > 2 and {len(w) for w in windows} == {contract.MODEL_MAX_TOKENS}
 
 
-def test_windows_read_the_tail_truncation_misses(scorer: Any, detoxify_model: Any,
+def test_windows_read_the_tail_truncation_misses(scorer: Any, tiny_detoxify: Any,
                                                 long_text: tuple[str, list[str]]) -> None:
     """On a long text with a high-scoring tail, windows score it higher than truncation (which equals
     Detoxify.predict on the whole text), and each label equals the max over Detoxify.predict of each
@@ -74,17 +66,17 @@ def test_windows_read_the_tail_truncation_misses(scorer: Any, detoxify_model: An
     text, words = long_text
     truncated = scorer.score([text], "truncate")[0][0]
     windowed = scorer.score([text], "windows")[0][0]
-    reference = detoxify_model.predict(text)
+    reference = tiny_detoxify.predict(text)
     for label, value in truncated.items():
         assert value == pytest.approx(reference[label], abs=1e-4)
     assert windowed["toxicity"] > truncated["toxicity"] + 0.05, (truncated, windowed)
 
     size = contract.MODEL_MAX_TOKENS - 2  # content tokens per window (ALBERT adds [CLS] and [SEP])
     window_texts = [" ".join(words[s: s + size]) for s in contract.window_starts(len(words), size)]
-    tokenizer = detoxify_model.tokenizer
+    tokenizer = tiny_detoxify.tokenizer
     ids = scorer.backend.tokenize_windows([text])[0]
     assert [tokenizer(t)["input_ids"] for t in window_texts] == ids  # the window texts are the windows
-    per_window = [detoxify_model.predict(t) for t in window_texts]
+    per_window = [tiny_detoxify.predict(t) for t in window_texts]
     for label, value in windowed.items():
         assert value == pytest.approx(max(p[label] for p in per_window), abs=1e-4), label
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, base_env
+from testing import ROOT, base_env
 
 
 def test_worker_without_weights_exits_with_one_clear_line(tmp_path: Path, redis_server) -> None:  # type: ignore[no-untyped-def]

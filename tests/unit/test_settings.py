@@ -9,6 +9,7 @@ from pydantic import AliasChoices, SecretStr, ValidationError
 from pydantic_core import PydanticUndefined
 
 from api.settings import ApiSettings
+from testing import ROOT
 from worker.settings import WorkerSettings
 
 
@@ -60,7 +61,7 @@ def test_checkpoint_identity_names_the_file(tmp_path: Path, monkeypatch: pytest.
     assert WorkerSettings().model_identity == "checkpoint:mine/model.ckpt"
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = ROOT / "README.md"
 
 
 def _readme_configuration() -> dict[str, str]:

@@ -1,0 +1,28 @@
+"""Process helpers the tests and the benchmark share: a private Redis, real worker/API/Flower processes.
+
+Nothing here is a fixture (those live in tests/conftest.py); `bench` uses these too, and never imports
+`tests`. Every process runs with this interpreter, from the repository root, so the virtual
+environment that runs pytest or the benchmark is the one under test.
+"""
+
+from testing.checkpoints import MODELS, synthetic_checkpoint
+from testing.processes import ROOT, Proc, base_env, free_port, wait_for
+from testing.redis_server import RedisServer
+from testing.services import Fleet, FleetSpec, start_api, start_fleet, start_flower, start_worker
+
+__all__ = [
+    "MODELS",
+    "ROOT",
+    "Fleet",
+    "FleetSpec",
+    "Proc",
+    "RedisServer",
+    "base_env",
+    "free_port",
+    "start_api",
+    "start_fleet",
+    "start_flower",
+    "start_worker",
+    "synthetic_checkpoint",
+    "wait_for",
+]

@@ -1,0 +1,85 @@
+"""Child processes with their output in a log file, free ports, and waiting for a condition."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository root: children start there, so `-m worker`, `-m api.main` and `-m bench` resolve."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception:
+            pass
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Proc:
+    """A child process whose output goes to a log file the test can read."""
+
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> Proc:
+        self._log = open(self.log, "ab")  # noqa: SIM115 - closed in stop(); the child writes to it meanwhile
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 20) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+
+def base_env(redis_url: str, checkpoint: tuple[Path, Path] | None, **overrides: str) -> dict[str, str]:
+    """This environment without any TOXFLEET_ setting of the developer's, pointed at `redis_url`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
+    env.update({"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"})
+    if checkpoint is not None:
+        env.update({"TOXFLEET_CHECKPOINT": str(checkpoint[0]), "TOXFLEET_HF_CONFIG": str(checkpoint[1])})
+    env.update(overrides)
+    return env

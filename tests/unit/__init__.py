@@ -1,0 +1,1 @@
+"""Pure logic: no Redis, no service processes, no model weights."""
