@@ -31,11 +31,12 @@ $(MODELS)/%/model.ckpt: | venv
 
 checkpoints: $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 
-## Lint, type-check, then the whole test suite against real Redis, Celery and Flower processes
-## (the fault suite included).
+## Lint, type-check, check the architecture contract (pyproject's [tool.importlinter]), then the whole
+## test suite against real Redis, Celery and Flower processes (the fault suite included).
 test: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 ## Only the fault suite (kill -9, SIGTERM, Redis restart, poison input), with its summary lines.
@@ -68,6 +69,7 @@ bench-cache: venv $(MODELS)/unbiased-small/model.ckpt
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
