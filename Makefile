@@ -27,7 +27,7 @@ run-offline: venv $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf scripts/run.sh
 
 $(MODELS)/%/model.ckpt: | venv
-	$(PY) -m worker.synthetic $* --out $(MODELS)
+	$(PY) -m tools.synthetic $* --out $(MODELS)
 
 checkpoints: $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 

@@ -35,7 +35,7 @@ LEARNING_RATE = 2e-3
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", type=Path, help="directory with model.ckpt and hf/ (worker.synthetic output)")
+    parser.add_argument("source", type=Path, help="directory with model.ckpt and hf/ (tools.synthetic output)")
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args(argv)

@@ -94,7 +94,7 @@ def tiny_checkpoint() -> tuple[Path, Path]:
     """The tiny synthetic checkpoint (`make test` builds it; built here if missing)."""
     ckpt = MODELS / "tiny" / "model.ckpt"
     if not ckpt.is_file():
-        subprocess.run([sys.executable, "-m", "worker.synthetic", "tiny", "--out", str(MODELS)], check=True, cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "tools.synthetic", "tiny", "--out", str(MODELS)], check=True, cwd=ROOT)
     return ckpt, ckpt.parent / "hf"
 
 

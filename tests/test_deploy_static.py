@@ -55,8 +55,9 @@ from tests.deployfiles import (
     required_variables,
     shell_commands,
 )
+from tools import synthetic
 from toxfleet import contract
-from worker import backlog, synthetic
+from worker import backlog
 from worker.settings import WorkerSettings
 
 API_FILE = parse_dockerfile(ROOT / "Dockerfile.api")
@@ -643,11 +644,11 @@ def test_offline_override_builds_the_checkpoint_where_workers_read_it() -> None:
     synth, worker = services["synth"], services["worker"]
     words = shlex.split(synth["command"][-1])
     assert synth["command"][:2] == ["sh", "-c"]
-    start = words.index("worker.synthetic")
+    start = words.index("tools.synthetic")
     kind, out = words[start + 1], words[words.index("--out") + 1]
     assert kind in synthetic.KINDS
     env = environment(worker)
-    # worker/synthetic.py writes <out>/<kind>/model.ckpt and <out>/<kind>/hf
+    # tools/synthetic.py writes <out>/<kind>/model.ckpt and <out>/<kind>/hf
     assert env["TOXFLEET_CHECKPOINT"] == f"{out}/{kind}/model.ckpt"
     assert env["TOXFLEET_HF_CONFIG"] == f"{out}/{kind}/hf"
     assert words[:3] == ["test", "-f", env["TOXFLEET_CHECKPOINT"]]

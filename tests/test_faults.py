@@ -44,7 +44,7 @@ VISIBILITY = "30"
 def full_checkpoint() -> tuple[Path, Path]:
     ckpt = MODELS / "unbiased-small" / "model.ckpt"
     if not ckpt.is_file():
-        subprocess.run([sys.executable, "-m", "worker.synthetic", "unbiased-small", "--out", str(MODELS)],
+        subprocess.run([sys.executable, "-m", "tools.synthetic", "unbiased-small", "--out", str(MODELS)],
                        check=True, cwd=ROOT)
     return ckpt, ckpt.parent / "hf"
 

@@ -1,0 +1,1 @@
+"""Developer tools, run as modules from the repository root (`python -m tools.synthetic`)."""
