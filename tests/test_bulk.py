@@ -112,7 +112,7 @@ def test_bad_threshold_is_a_clear_error(fleet: dict[str, Any]) -> None:
 def test_windows_mode_through_the_fleet(fleet: dict[str, Any], reference: Any) -> None:
     """long_text="windows" over HTTP equals the scorer's windows in-process, and differs from the
     default, which equals Detoxify.predict (truncation)."""
-    from worker.backend import TorchBackend
+    from worker.backends.torch import TorchBackend
     from worker.scorer import Scorer
 
     long_text = " ".join(CommentCorpus(33).texts(40))

@@ -21,7 +21,7 @@ def detoxify_model(tiny_checkpoint: tuple[Path, Path]) -> Any:
 
 @pytest.fixture(scope="module")
 def scorer(detoxify_model: Any) -> Any:
-    from worker.backend import TorchBackend
+    from worker.backends.torch import TorchBackend
     from worker.scorer import Scorer
 
     return Scorer(TorchBackend(detoxify_model, "tiny"), 1024, 16)

@@ -1,62 +1,48 @@
-"""Ahead-of-time ONNX export and int8 quantization of a Detoxify checkpoint, cached by its sha256.
-
-Workers never export: they load what this command built, and refuse an export that is missing,
-stale (another export format, checkpoint, onnxruntime or transformers version) or corrupt (a file
-whose sha256 differs from the manifest) with one line naming the command to run. The command
-rebuilds what is missing or stale, runs the fidelity gate on this CPU and writes the decision that
-`TOXFLEET_BACKEND=auto` reads:
-
-    python -m worker.export                # reads TOXFLEET_CHECKPOINT / TOXFLEET_HF_CONFIG / TOXFLEET_MODEL
-    python -m worker.export --check        # verify only; exit 1 with the reason if a worker would refuse it
-    python -m worker.export --no-gate      # artifacts only (the gate needs minutes on a full-size model)
-
-Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
-
-    exports/<checkpoint sha256>/manifest.json    hashes, versions, opset, labels, int8 recipe
-                               model.onnx        fp32, constant-folded, transformer ops fused
-                               model-int8.onnx   dynamic int8 (QOperator MatMulInteger) of model.onnx
-                               tokenizer/        Detoxify's tokenizer, saved, so no hub and no torch at run time
-                               decision.json     the fidelity gate's table and the backend `auto` picks
+"""Build this checkpoint's export: ONNX export, transformer fusion, int8 quantization, a check against
+torch, then the manifest (`worker.exports.artifacts`), replacing any old export atomically.
 
 Export path, and why: `torch.onnx.export(dynamo=True)` (the default in torch 2.13). The TorchScript
 exporter (`dynamo=False`) traced transformers 5's attention-mask construction into a graph that
 mishandles padding (max logit difference 2-3 on the tiny checkpoint, measured); the dynamo graph
 matches torch to 1e-5. The model is exported with eager attention so that ONNX Runtime's transformer
 optimizer can fuse the layer (SkipLayerNormalization, FastGelu); SDPA exports add NaN guards per layer.
+
+Building needs torch, onnx, onnxscript and onnxruntime (the `onnx` extra); each is imported by the
+step that uses it, so that importing this module stays cheap.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
-import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from importlib import metadata
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.backends.torch import load_detoxify
 from worker.cpus import cpu_model_name, kernel_signature
+from worker.exports.artifacts import (
+    EXPORT_FORMAT,
+    FP32_MODEL,
+    INT8_MODEL,
+    MANIFEST_FILE,
+    REBUILD_HINT,
+    TOKENIZER_DIR,
+    ExportError,
+    Manifest,
+    checkpoint_file,
+    export_location,
+    export_root,
+    installed_version,
+    sha256_file,
+    verify_export,
+)
 from worker.settings import WorkerSettings
-
-EXPORT_FORMAT = 1
-"""Version of this layout and recipe; an export of another format is stale."""
-
-MANIFEST_FILE = "manifest.json"
-FP32_MODEL = "model.onnx"
-INT8_MODEL = "model-int8.onnx"
-TOKENIZER_DIR = "tokenizer"
-DECISION_FILE = "decision.json"
-
-RUNTIME_PINNED = ("onnxruntime", "transformers")
-"""Packages a worker must run at the exported version: onnxruntime produced the fused and quantized
-graphs and its kernels are what the gate measured; transformers saved and loads the tokenizer."""
 
 EXPORT_TOOLS = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers", "detoxify")
 """Versions recorded in the manifest."""
@@ -64,12 +50,6 @@ EXPORT_TOOLS = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers", "d
 EXPORT_CHECK_TOLERANCE = 1e-3
 """Most absolute logit difference between the fp32 export and torch on a padded probe batch; a larger
 one means the exporter dropped something (the attention mask, say) and the export is refused."""
-
-REBUILD_HINT = "run `python -m worker.export` with the same TOXFLEET_* settings to rebuild it"
-
-
-class ExportError(RuntimeError):
-    """An export a worker must not use; the message says why and what to run."""
 
 
 @dataclass(frozen=True)
@@ -91,123 +71,9 @@ class Int8Recipe:
 DEFAULT_INT8 = Int8Recipe()
 
 
-@dataclass
-class Manifest:
-    """What an export was built from and with; workers compare it with what they run."""
-
-    format: int
-    checkpoint_sha256: str
-    checkpoint: str
-    identity: str
-    labels: list[str]
-    num_outputs: int
-    tokenizer_class: str
-    max_tokens: int
-    opset: int
-    exporter: str
-    fusions: dict[str, int]
-    int8: dict[str, Any]
-    versions: dict[str, str | None]
-    files: dict[str, str]
-    cpu: str
-    kernel_signature: str
-    created: float = field(default_factory=time.time)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        data = json.loads(text)
-        return cls(**data)
-
-
-def installed_version(dist: str) -> str | None:
-    """A package's installed version without importing it (None if absent)."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def checkpoint_file(settings: WorkerSettings) -> Path:
-    """The file Detoxify loads: TOXFLEET_CHECKPOINT, or the torch hub cache file of TOXFLEET_MODEL."""
-    if settings.checkpoint is not None:
-        return settings.checkpoint.resolve()
-    from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint
-
-    url = DETOXIFY_URLS.get(settings.model)
-    if url is None:
-        raise ExportError(f"unknown TOXFLEET_MODEL={settings.model!r}")
-    path = _torch_hub_checkpoint(url)
-    if not path.is_file():
-        raise ExportError(f"no weights for {settings.model!r} at {path}; run a worker once (it downloads them) "
-                          "or set TOXFLEET_CHECKPOINT")
-    return path
-
-
-def export_root(settings: WorkerSettings, checkpoint: Path) -> Path:
-    return settings.export_dir.resolve() if settings.export_dir is not None else checkpoint.parent / "exports"
-
-
-def export_location(settings: WorkerSettings) -> tuple[Path, str]:
-    """(directory of this checkpoint's export, checkpoint sha256); hashes the checkpoint once."""
-    checkpoint = checkpoint_file(settings)
-    sha = sha256_file(checkpoint)
-    return export_root(settings, checkpoint) / sha, sha
-
-
-def read_manifest(directory: Path) -> Manifest:
-    path = directory / MANIFEST_FILE
-    if not path.is_file():
-        raise ExportError(f"no export at {directory}; {REBUILD_HINT}")
-    try:
-        return Manifest.from_json(path.read_text())
-    except (ValueError, TypeError) as exc:
-        raise ExportError(f"corrupt manifest {path} ({exc}); {REBUILD_HINT}") from None
-
-
-def verify_export(directory: Path, checkpoint_sha: str, files: Sequence[str] | None = None) -> Manifest:
-    """The manifest, if the export in `directory` is current and `files` (default: all it lists) are
-    intact; else ExportError."""
-    manifest = read_manifest(directory)
-    if manifest.format != EXPORT_FORMAT:
-        raise ExportError(f"stale export at {directory}: format {manifest.format}, this worker reads "
-                          f"{EXPORT_FORMAT}; {REBUILD_HINT}")
-    if manifest.checkpoint_sha256 != checkpoint_sha:
-        raise ExportError(f"stale export at {directory}: made from checkpoint sha256 "
-                          f"{manifest.checkpoint_sha256[:12]}, the checkpoint is {checkpoint_sha[:12]}; {REBUILD_HINT}")
-    for dist in RUNTIME_PINNED:
-        have, made = installed_version(dist), manifest.versions.get(dist)
-        if have is not None and have != made:
-            raise ExportError(f"stale export at {directory}: made with {dist} {made}, this worker has {have}; "
-                              f"{REBUILD_HINT}")
-    for name in sorted(manifest.files) if files is None else files:
-        expected = manifest.files.get(name)
-        path = directory / name
-        if expected is None:
-            raise ExportError(f"export at {directory} lists no {name}; {REBUILD_HINT}")
-        if not path.is_file():
-            raise ExportError(f"export at {directory} lacks {name}; {REBUILD_HINT}")
-        if sha256_file(path) != expected:
-            raise ExportError(f"corrupt export: {path} does not match its sha256 in the manifest; {REBUILD_HINT}")
-    return manifest
-
-
-# --- building (needs torch, onnx, onnxscript, onnxruntime) -------------------------------------------
-
-
 def export_onnx(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
     """Export `model` (ids, mask) -> logits with dynamic batch and sequence axes; returns the exporter."""
-    import torch
+    import torch  # heavy optional dependency: only the export command needs it
 
     class Logits(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
@@ -236,7 +102,7 @@ def export_onnx(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
 def fold(src: Path, dst: Path) -> None:
     """ONNX Runtime's basic (hardware-independent) graph optimizations, saved: constant folding turns
     ALBERT's shared, transposed weights into initializers the quantizer can see."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # heavy optional dependency: only the export command needs it
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -246,7 +112,7 @@ def fold(src: Path, dst: Path) -> None:
 
 def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
     """ONNX Runtime's transformer fusions (`model_type="bert"` covers ALBERT/BERT/RoBERTa/XLM-R graphs)."""
-    from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers import optimizer  # heavy optional dependency: only the export needs it
 
     model = optimizer.optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
                                      opt_level=0)
@@ -256,9 +122,7 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, in
 
 
 def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> None:
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy optional dependency (export only)
 
     # The quantizer logs a hint about static-quantization pre-processing on the root logger; it does
     # not apply to dynamic quantization. Quiet it for this call only.
@@ -274,6 +138,7 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> No
 
 def check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) -> float:
     """Largest logit difference between the ONNX graph and torch on a padded batch of mixed lengths."""
+    # Heavy optional dependencies: only the export command needs them.
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -294,9 +159,7 @@ def check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) ->
 def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
                  directory: Path | None = None) -> Path:
     """Export, fuse and quantize this checkpoint into its cache directory (replaced atomically)."""
-    import onnx
-
-    from worker.backend import load_detoxify
+    import onnx  # heavy optional dependency: only the export command needs it
 
     checkpoint = checkpoint_file(settings)
     sha = sha256_file(checkpoint)
@@ -368,43 +231,3 @@ def ensure_export(settings: WorkerSettings, force: bool = False, recipe: Int8Rec
         except ExportError as exc:
             print(f"toxfleet export: {str(exc).replace('; ' + REBUILD_HINT, '')}; building", file=sys.stderr)
     return build_export(settings, recipe, directory)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", 
-                        help="verify the export only; exit 1 if a worker would refuse it")
-    parser.add_argument("--force", action="store_true", help="rebuild even if the export is current")
-    parser.add_argument("--no-gate", action="store_true", help="skip the fidelity gate and the auto decision")
-    parser.add_argument("--texts", type=int, default=None, help="gate corpus size (default: worker.fidelity's)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="export root, as TOXFLEET_EXPORT_DIR (workers must then be given the same value)")
-    args = parser.parse_args(argv)
-    if args.out is not None:
-        os.environ["TOXFLEET_EXPORT_DIR"] = str(args.out)
-    settings = WorkerSettings()
-    if args.check:
-        try:
-            directory, sha = export_location(settings)
-            verify_export(directory, sha)
-        except ExportError as exc:
-            print(f"toxfleet export: {exc}", file=sys.stderr)
-            return 1
-        print(f"export OK: {directory}")
-        return 0
-    started = time.perf_counter()
-    try:
-        directory = ensure_export(settings, force=args.force)
-    except ExportError as exc:
-        print(f"toxfleet export: {exc}", file=sys.stderr)
-        return 1
-    print(f"export: {directory} ({time.perf_counter() - started:.1f}s)")
-    if args.no_gate:
-        return 0
-    from worker import fidelity
-
-    return fidelity.main(["--write-decision"] + ([] if args.texts is None else ["--texts", str(args.texts)]))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
