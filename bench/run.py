@@ -33,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from api.settings import ApiSettings
 from bench import ceiling as ceiling_mod
 from bench import load, report
 from bench.cpu import CpuMeter, CpuSnapshot
@@ -41,6 +42,7 @@ from bench.roofline import cpu_peak, usable_cores
 from bench.services import ROOT, Service, start_baseline, start_redis, start_toxfleet
 from bench.stats import Spread, distribution
 from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
+from worker.settings import WorkerSettings
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def ensure_checkpoint(models_dir: Path, kind: str) -> tuple[Path, Path]:
     ckpt = models_dir / kind / "model.ckpt"
     if not ckpt.is_file():
         log(f"building synthetic checkpoint {kind} in {models_dir}")
-        subprocess.run([sys.executable, "-m", "worker.synthetic", kind, "--out", str(models_dir)], check=True,
+        subprocess.run([sys.executable, "-m", "tools.synthetic", kind, "--out", str(models_dir)], check=True,
                        cwd=ROOT)
     return ckpt, ckpt.parent / "hf"
 
@@ -126,9 +128,6 @@ def environment(cores: int, clock_ghz: float | None, fma_units: int) -> dict[str
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                            cwd=ROOT)
-    from api.settings import ApiSettings
-    from worker.settings import WorkerSettings
-
     worker = WorkerSettings().model_dump(include={"pass_tokens", "pass_texts", "batch_tokens", "prefetch_multiplier",
                                                   "torch_threads", "backend"})
     api = ApiSettings().model_dump(include={"max_queue_depth", "backlog_per_process", "compat_timeout", "max_wait"})
@@ -354,8 +353,6 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
               log_dir: Path, systems: list[str], backend: str) -> dict[str, Any]:
     ckpt, hf = ensure_checkpoint(models_dir, kind)
     corpus = CommentCorpus(seed).texts(profile.corpus)
-    from worker.settings import WorkerSettings
-
     ws = WorkerSettings()
     log(f"{kind}: raw model ceiling, {cores} processes x 1 thread")
     ceiling = ceiling_mod.measure(ckpt, hf, corpus, cores, profile.ceiling_per_process, profile.ceiling_reference,
