@@ -44,7 +44,7 @@ test-faults: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 
 ## Export, quantize and gate the configured checkpoint ahead of time (TOXFLEET_CHECKPOINT/HF_CONFIG or MODEL).
 export: venv
-	$(PY) -m worker.exports
+	$(PY) -m worker.export
 
 ## Raw per-backend throughput, load time, memory and fidelity on the synthetic full-size unbiased-small.
 bench-backends: venv $(MODELS)/unbiased-small/model.ckpt

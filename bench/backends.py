@@ -35,12 +35,13 @@ from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
 from worker.backends.base import REDUCED, Backend
 from worker.backends.loader import load_backend
 from worker.backends.onnx import OnnxBackend
-from worker.backends.torch import TorchBackend, load_detoxify
+from worker.backends.torch import TorchBackend
 from worker.cpus import cpu_model_name, kernel_signature
 from worker.exports import artifacts, build
 from worker.gate.fidelity import compare
 from worker.scorer import Scorer
 from worker.settings import WorkerSettings
+from worker.weights import load_detoxify
 
 ROOT = Path(__file__).resolve().parents[1]
 

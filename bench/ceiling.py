@@ -38,9 +38,10 @@ from typing import Any
 from bench.cpu import CpuMeter
 from bench.roofline import Architecture, usable_cores
 from toxfleet.corpus import CommentCorpus
-from worker.backends.torch import TorchBackend, load_detoxify
+from worker.backends.torch import TorchBackend
 from worker.scorer import Scorer, plan_passes
 from worker.settings import WorkerSettings
+from worker.weights import load_detoxify
 
 PASS_TEXTS_SWEEP = (1, 4, 8, 16)
 """Texts per forward pass tried (token cap lifted, so the count alone decides); measured on 2 cores,

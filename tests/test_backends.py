@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.exports import artifacts, build, cli
+from worker import export
+from worker.exports import artifacts, build
 from worker.exports.artifacts import ExportError
 from worker.gate.fidelity import FP32_BUDGET, REDUCED_BUDGET, compare, gate_texts, measure, run_gate, score
 from worker.settings import WorkerSettings
@@ -171,7 +172,7 @@ def test_corrupt_export_is_refused_with_the_command(exported: WorkerSettings, tm
     data = bytearray(model.read_bytes())
     data[len(data) // 2] ^= 0xFF
     model.write_bytes(bytes(data))
-    with pytest.raises(ExportError, match=r"corrupt.*python -m worker\.exports"):
+    with pytest.raises(ExportError, match=r"corrupt.*python -m worker\.export"):
         load_backend("onnx-int8", settings)
     # The fp32 backend reads other files and still loads.
     assert load_backend("onnx", settings).name == "onnx"
@@ -200,7 +201,7 @@ def test_missing_export_is_refused_and_never_built_by_a_worker(tiny_checkpoint: 
 
     settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1], export_dir=tmp_path,
                               backend="onnx")
-    with pytest.raises(ExportError, match=r"no export.*python -m worker\.exports"):
+    with pytest.raises(ExportError, match=r"no export.*python -m worker\.export"):
         load_backend(settings.backend, settings)
     assert list(tmp_path.iterdir()) == []
 
@@ -244,20 +245,20 @@ def test_auto_uses_a_valid_decision_and_falls_back_to_the_reference(exported: Wo
 def test_export_command_gate_writes_the_decision(exported: WorkerSettings, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """`python -m worker.exports` on a current export runs the gate, prints the table, records a passing choice."""
+    """`python -m worker.export` on a current export runs the gate, prints the table, records a passing choice."""
     from worker.gate.decision import Decision
 
     settings, directory = _copy_export(exported, tmp_path)
     monkeypatch.setenv("TOXFLEET_CHECKPOINT", str(settings.checkpoint))
     monkeypatch.setenv("TOXFLEET_HF_CONFIG", str(settings.hf_config))
     monkeypatch.setenv("TOXFLEET_EXPORT_DIR", str(settings.export_dir))
-    assert cli.main(["--texts", "48"]) == 0
+    assert export.main(["--texts", "48"]) == 0
     out = capsys.readouterr().out
     assert "| onnx | fp32 |" in out and "auto -> " in out
     decision = Decision.read(directory)
     passed = [r for r in decision.rows if r["passed"]]
     assert decision.chosen == max(passed, key=lambda r: r["texts_per_s"])["backend"]
-    assert cli.main(["--check"]) == 0
+    assert export.main(["--check"]) == 0
 
 
 def test_onnx_backend_runs_without_torch(exported: WorkerSettings) -> None:
@@ -341,8 +342,8 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
     target = checkpoint[0].parent / "exports" / sha
     shutil.copytree(source, target)
     build = parse_dockerfile(ROOT / "Dockerfile.worker").stage("build")
-    (step,) = [i.args for i in build.instructions if i.keyword == "RUN" and "worker.exports" in i.args]
-    (command,) = [c for c in shell_commands(step) if "worker.exports" in c and "--no-gate" not in c]
+    (step,) = [i.args for i in build.instructions if i.keyword == "RUN" and "worker.export" in i.args]
+    (command,) = [c for c in shell_commands(step) if "worker.export" in c and "--no-gate" not in c]
     n = next(i for i, word in enumerate(command) if word == "python")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
     env.update(dict(w.partition("=")[::2] for w in command[:n]), TOXFLEET_CHECKPOINT=str(checkpoint[0]),

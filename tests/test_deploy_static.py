@@ -372,7 +372,7 @@ def test_worker_model_is_fetched_at_build_time_and_read_offline() -> None:
 
 def test_worker_looks_for_weights_where_the_build_put_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the image's TORCH_HOME, the worker's startup check looks under it (torch.hub's layout)."""
-    from worker.backends.torch import DETOXIFY_URLS, torch_hub_checkpoint
+    from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
     torch_home = WORKER_FILE.env(IMAGES["worker"][1])["TORCH_HOME"]
     monkeypatch.setenv("TORCH_HOME", torch_home)
@@ -403,7 +403,7 @@ def test_fargate_doc_lists_the_worker_build_arguments_with_their_defaults() -> N
 
 
 def _export_step() -> str:
-    (step,) = [r for r in _run_steps(WORKER_FILE, "build") if "worker.exports" in r]
+    (step,) = [r for r in _run_steps(WORKER_FILE, "build") if "worker.export" in r]
     return step
 
 
@@ -416,21 +416,21 @@ def test_export_step_runs_offline_after_the_model_and_the_project() -> None:
     """The export runs after the offline model check (so after the project is installed), from the
     installed package (-P) with HF_HUB_OFFLINE=1, without --out, and EXPORT_GATE defaults to the gate."""
     assert _step_index(WORKER_FILE, "build", "RUN", "check_weights(s)") < _step_index(
-        WORKER_FILE, "build", "RUN", "worker.exports")
-    exports = [c for c in shell_commands(_export_step()) if "worker.exports" in c]
+        WORKER_FILE, "build", "RUN", "worker.export")
+    exports = [c for c in shell_commands(_export_step()) if "worker.export" in c]
     assert len(exports) == 2, exports
     for command in exports:
-        assert command[:5] == ["HF_HUB_OFFLINE=1", "python", "-P", "-m", "worker.exports"], command
+        assert command[:5] == ["HF_HUB_OFFLINE=1", "python", "-P", "-m", "worker.export"], command
         assert not any(w.startswith("--out") for w in command)
     assert sorted(c[5:] for c in exports) == [[], ["--no-gate"]]
     assert WORKER_FILE.args(WORKER_FILE.stage("build"))["EXPORT_GATE"] == "1"
 
 
 @pytest.mark.parametrize(("prefetch", "backend", "gate", "expected"), [
-    ("1", "auto", "1", ["-P", "-m", "worker.exports"]),
-    ("1", "auto", "0", ["-P", "-m", "worker.exports", "--no-gate"]),
-    ("1", "onnx-int8", "1", ["-P", "-m", "worker.exports"]),
-    ("1", "torch-int8", "0", ["-P", "-m", "worker.exports", "--no-gate"]),
+    ("1", "auto", "1", ["-P", "-m", "worker.export"]),
+    ("1", "auto", "0", ["-P", "-m", "worker.export", "--no-gate"]),
+    ("1", "onnx-int8", "1", ["-P", "-m", "worker.export"]),
+    ("1", "torch-int8", "0", ["-P", "-m", "worker.export", "--no-gate"]),
     ("1", "torch", "1", None),
     ("0", "auto", "1", None),
     ("0", "onnx", "1", None),
@@ -461,8 +461,8 @@ def test_worker_export_lands_where_the_runtime_reads_it(monkeypatch: pytest.Monk
     """For the image's named model, the export root is next to the checkpoint in the build's TORCH_HOME,
     which the runtime stage copies; neither stage sets TOXFLEET_EXPORT_DIR, and the runtime gets the
     build's virtualenv (onnxruntime, for the ONNX backends)."""
-    from worker.backends.torch import DETOXIFY_URLS, torch_hub_checkpoint
     from worker.exports import artifacts
+    from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
     build, runtime = WORKER_FILE.stage("build"), IMAGES["worker"][1]
     monkeypatch.setenv("TORCH_HOME", WORKER_FILE.env(build)["TORCH_HOME"])

@@ -1,21 +1,23 @@
 """toxfleet's inference tier: Celery workers that score batched requests with Detoxify.
 
-`celery -A worker ...` finds the app as `worker.app`. It is imported lazily, so that the commands in
-this package (`python -m worker.exports`, `python -m worker.gate`) and `worker.local` run without a
-valid worker configuration and without connecting Celery's signal handlers.
+`celery -A worker ...` finds the app as `worker.app`. It is built lazily, so that the commands in
+this package (`python -m worker.export`, `python -m worker.gate`) and `worker.local` never build
+the Celery app.
 
-Layers, top to bottom (every import points down):
+Layers, top to bottom (every import points down; a line imports only from lines below it):
 
-    lifecycle.py       Celery signal wiring: imports the rest, imported by nothing (the app's `include`)
-    tasks.py           the `toxfleet.score` task: validate, cache, score the batch, store per request
-    batching.py        the batching task base (buffer, token budget, worker-loss retries)
-    results.py, sweeper.py, heartbeat.py, metrics.py   what the worker writes to Redis and Prometheus
-    state.py, local.py this process's scorer; the same for `toxfleet score --local`
-    gate/              which backend `auto` runs: decision, fidelity measurements, selection, CLI
-    scorer.py          length-sorted, padding-capped passes over any backend
-    backends/          base contract, torch reference, reduced precision, ONNX Runtime, loader
-    exports/           ahead-of-time ONNX artifacts (layout, verification) and their build, CLI
-    settings.py, cpus.py, celery_app.py
+    lifecycle.py   Celery signal wiring (loaded by the app's `include`)      } entry points:
+    export.py      `python -m worker.export`: build the export, then gate it } nothing imports
+    local.py       `toxfleet score --local`: the worker's scorer in-process  } them
+    tasks.py       the `toxfleet.score` task: validate, cache, score the batch, store per request
+    state.py       this pool process's scorer: resolve `auto`, load the backend, wrap it
+    gate/          which backend `auto` may run: decision, fidelity, selection, `python -m worker.gate`
+    metrics.py     Prometheus metrics; heartbeat.py, sweeper.py, results.py: what the worker keeps in Redis
+    batching.py    the batching task base; celery_app.py: the app
+    scorer.py      length-sorted, padding-capped passes over any backend
+    backends/      the Backend contract, torch reference, reduced precision, ONNX Runtime, loader
+    exports/       ahead-of-time ONNX artifacts: layout and verification, build
+    weights.py     where a checkpoint's weights come from; settings.py, cpus.py
 """
 
 from typing import Any

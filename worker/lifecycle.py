@@ -20,13 +20,13 @@ from celery import signals
 
 from toxfleet import logs
 from worker import state
-from worker.backends.torch import NO_WEIGHTS_HELP, check_weights
 from worker.exports.artifacts import ExportError
 from worker.gate.selection import check_backend
 from worker.heartbeat import Heartbeat
 from worker.settings import get_settings
 from worker.sweeper import Sweeper
 from worker.tasks import score
+from worker.weights import NO_WEIGHTS_HELP, check_weights
 
 logger = logging.getLogger(__name__)
 

@@ -34,14 +34,14 @@ class WorkerSettings(BaseSettings):
     backend: str = Field(
         "auto",
         description="Inference backend: `auto` (the default): the fastest backend that passed the fidelity gate "
-                    "for this checkpoint on this kind of CPU (`python -m worker.exports` decides; without a valid "
+                    "for this checkpoint on this kind of CPU (`python -m worker.export` decides; without a valid "
                     "decision for this checkpoint, CPU and runtime, `auto` runs `torch` and logs why); or one by "
                     "name: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, `torch-bf16`, "
                     "`onnx`, `onnx-int8`. See docs/backends.md.")
     export_dir: Path | None = Field(
         None,
         description="Directory holding ahead-of-time ONNX exports, one subdirectory per checkpoint sha256; "
-                    "default: `exports/` next to the checkpoint. Workers only read it; `python -m worker.exports` "
+                    "default: `exports/` next to the checkpoint. Workers only read it; `python -m worker.export` "
                     "writes it.")
     concurrency: int | None = Field(None, ge=1, le=256,
                                     description="Worker processes; default: physical cores the container may use.")

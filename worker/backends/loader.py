@@ -2,7 +2,7 @@
 
 The name is already resolved: `auto` is decided above this, by `worker.gate.selection`, so that
 loading a backend never depends on the gate. Nothing is exported or measured here: ONNX backends
-load what `python -m worker.exports` built and refuse, with the command to run, an export that is
+load what `python -m worker.export` built and refuse, with the command to run, an export that is
 missing, stale or corrupt.
 """
 
@@ -13,8 +13,9 @@ import time
 from worker.backends.base import Backend
 from worker.backends.onnx import load_onnx_backend
 from worker.backends.reduced import TorchBf16Backend, TorchInt8Backend
-from worker.backends.torch import TorchBackend, load_detoxify
+from worker.backends.torch import TorchBackend
 from worker.settings import WorkerSettings
+from worker.weights import load_detoxify
 
 TORCH_BACKENDS: dict[str, type[TorchBackend]] = {
     "torch": TorchBackend, "torch-int8": TorchInt8Backend, "torch-bf16": TorchBf16Backend}

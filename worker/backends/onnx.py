@@ -1,6 +1,6 @@
 """Detoxify's model on ONNX Runtime: the fp32 export (`onnx`) or its int8 quantization (`onnx-int8`).
 
-Loads only what `python -m worker.exports` built and verified (never exports), and imports neither
+Loads only what `python -m worker.export` built and verified (never exports), and imports neither
 torch nor Detoxify, so a worker image without torch can run it. What it keeps from Detoxify, on
 purpose, because a circulating ONNX recipe for Detoxify gets both wrong:
 

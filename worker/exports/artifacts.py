@@ -1,7 +1,7 @@
 """Ahead-of-time ONNX exports as a worker reads them: where they live, what their manifest says, and
 whether they may be used.
 
-Workers never export: they load what `python -m worker.exports` built (`worker.exports.build`), and
+Workers never export: they load what `python -m worker.export` built (`worker.exports.build`), and
 refuse an export that is missing, stale (another export format, checkpoint, onnxruntime or
 transformers version) or corrupt (a file whose sha256 differs from the manifest) with one line naming
 the command to run. Nothing here imports torch or ONNX Runtime.
@@ -26,8 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from worker.backends.torch import DETOXIFY_URLS, torch_hub_checkpoint
 from worker.settings import WorkerSettings
+from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
 EXPORT_FORMAT = 1
 """Version of this layout and recipe; an export of another format is stale."""
@@ -42,7 +42,7 @@ RUNTIME_PINNED = ("onnxruntime", "transformers")
 """Packages a worker must run at the exported version: onnxruntime produced the fused and quantized
 graphs and its kernels are what the gate measured; transformers saved and loads the tokenizer."""
 
-REBUILD_HINT = "run `python -m worker.exports` with the same TOXFLEET_* settings to rebuild it"
+REBUILD_HINT = "run `python -m worker.export` with the same TOXFLEET_* settings to rebuild it"
 
 
 class ExportError(RuntimeError):

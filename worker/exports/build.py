@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.backends.torch import load_detoxify
 from worker.cpus import cpu_model_name, kernel_signature
 from worker.exports.artifacts import (
     EXPORT_FORMAT,
@@ -43,6 +42,7 @@ from worker.exports.artifacts import (
     verify_export,
 )
 from worker.settings import WorkerSettings
+from worker.weights import load_detoxify
 
 EXPORT_TOOLS = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers", "detoxify")
 """Versions recorded in the manifest."""

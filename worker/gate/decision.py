@@ -1,6 +1,6 @@
 """The gate's verdict for one checkpoint on one kind of CPU, as `decision.json` in its export directory.
 
-`python -m worker.exports` (or `python -m worker.gate --write-decision`) writes it: the gate's table
+`python -m worker.export` (or `python -m worker.gate --write-decision`) writes it: the gate's table
 and the fastest backend that passed. It holds only while what runs now is what was measured: the same
 checkpoint, the same kernel-relevant CPU flags, the same torch/onnxruntime/transformers versions.
 """

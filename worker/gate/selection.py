@@ -30,12 +30,12 @@ def resolve_backend(settings: WorkerSettings) -> tuple[str, str]:
         decision = Decision.read(directory)
     except FileNotFoundError:
         return REFERENCE, (f"reference: no fidelity decision at {directory / DECISION_FILE}; "
-                           "run `python -m worker.exports` on this machine to gate the faster backends")
+                           "run `python -m worker.export` on this machine to gate the faster backends")
     except (ValueError, TypeError) as exc:
         return REFERENCE, f"reference: unreadable {directory / DECISION_FILE} ({exc})"
     reason = decision.invalid_because(sha)
     if reason is not None:
-        return REFERENCE, f"reference: {reason}; rerun `python -m worker.exports` here"
+        return REFERENCE, f"reference: {reason}; rerun `python -m worker.export` here"
     row = next((r for r in decision.rows if r.get("backend") == decision.chosen), {})
     return decision.chosen, (f"fastest that passed the fidelity gate: {_number(row.get('texts_per_s'), '.1f')} "
                              f"texts/s, max abs diff {_number(row.get('max_abs'), '.2e')}")

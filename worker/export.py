@@ -1,11 +1,15 @@
-"""Build this checkpoint's ONNX export and gate it: the export command.
+"""Ahead-of-time ONNX export and int8 quantization of a Detoxify checkpoint, then the fidelity gate.
 
-It rebuilds what is missing or stale (`worker.exports.build`), runs the fidelity gate on this CPU
-(`worker.gate`) and writes the decision that `TOXFLEET_BACKEND=auto` reads:
+Workers never export: they load what this command built (`worker.exports`), and refuse an export
+that is missing, stale or corrupt with one line naming this command. It rebuilds what is missing or
+stale, runs the fidelity gate on this CPU (`worker.gate`) and writes the decision that
+`TOXFLEET_BACKEND=auto` reads:
 
-    python -m worker.exports                # reads TOXFLEET_CHECKPOINT / TOXFLEET_HF_CONFIG / TOXFLEET_MODEL
-    python -m worker.exports --check        # verify only; exit 1 with the reason if a worker would refuse it
-    python -m worker.exports --no-gate      # artifacts only (the gate needs minutes on a full-size model)
+    python -m worker.export                # reads TOXFLEET_CHECKPOINT / TOXFLEET_HF_CONFIG / TOXFLEET_MODEL
+    python -m worker.export --check        # verify only; exit 1 with the reason if a worker would refuse it
+    python -m worker.export --no-gate      # artifacts only (the gate needs minutes on a full-size model)
+
+This module is an entry point on top of `worker.exports` and `worker.gate`; nothing imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from worker.settings import WorkerSettings
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.exports", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m worker.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="verify the export only; exit 1 if a worker would refuse it")
@@ -55,3 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_gate:
         return 0
     return gate_cli.main(["--write-decision"] + ([] if args.texts is None else ["--texts", str(args.texts)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
