@@ -27,7 +27,7 @@ run-offline: venv $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf scripts/run.sh
 
 $(MODELS)/%/model.ckpt: | venv
-	$(PY) -m worker.synthetic $* --out $(MODELS)
+	$(PY) -m tools.synthetic $* --out $(MODELS)
 
 checkpoints: $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 
@@ -50,7 +50,7 @@ export: venv
 ## Raw per-backend throughput, load time, memory and fidelity on the synthetic full-size unbiased-small.
 bench-backends: venv $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_CHECKPOINT=$(abspath $(MODELS))/unbiased-small/model.ckpt \
-	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf $(PY) bench/backends.py $(BENCH_ARGS)
+	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf $(PY) -m bench.backends $(BENCH_ARGS)
 
 ## Benchmark on this machine's cores: the existing design vs the raw model ceiling vs toxfleet, both
 ## architectures; writes docs/benchmarks.md, its plots and raw results (minutes; run on a quiet machine).

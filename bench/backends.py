@@ -13,9 +13,9 @@ process after loading and at peak, useful operations per second (real tokens onl
 CPU's peak, and the fidelity against torch fp32 on the same texts (max abs probability difference,
 texts with a flipped label). Timings on a shared machine are indicative only.
 
-    .venv/bin/python bench/backends.py                         # models/unbiased-small, defaults
-    .venv/bin/python bench/backends.py --quick                 # fewer texts and repeats
-    TOXFLEET_CHECKPOINT=... TOXFLEET_HF_CONFIG=... .venv/bin/python bench/backends.py --variants torch,onnx-int8
+    .venv/bin/python -m bench.backends                         # models/unbiased-small, defaults
+    .venv/bin/python -m bench.backends --quick                 # fewer texts and repeats
+    TOXFLEET_CHECKPOINT=... TOXFLEET_HF_CONFIG=... .venv/bin/python -m bench.backends --variants torch,onnx-int8
 """
 
 from __future__ import annotations
@@ -31,9 +31,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
+from worker.backends.base import REDUCED, Backend
+from worker.backends.loader import load_backend
+from worker.backends.onnx import OnnxBackend
+from worker.backends.torch import TorchBackend
+from worker.cpus import cpu_model_name, kernel_signature
+from worker.exports import artifacts, build
+from worker.gate.fidelity import compare
+from worker.scorer import Scorer
+from worker.settings import WorkerSettings
+from worker.weights import load_detoxify
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 DEFAULT_TEXTS = 96
 DEFAULT_REPEATS = 3
@@ -82,17 +92,12 @@ def _rss_mb(field: str = "VmRSS") -> float:
     return math.nan
 
 
-def _build(name: str, spec: dict[str, Any], threads: int, work: str) -> Any:
-    from worker.backend import TorchBackend, load_backend
-    from worker.settings import WorkerSettings
-
+def _build(name: str, spec: dict[str, Any], threads: int, work: str) -> Backend:
     settings = WorkerSettings(torch_threads=threads, backend="torch")
     if spec["kind"] == "backend":
-        return load_backend(settings.model_copy(update={"backend": name}))
+        return load_backend(name, settings)
     if spec["kind"] == "bf16-weights":
-        import torch
-
-        from worker.backend import load_detoxify
+        import torch  # heavy optional dependency, imported in the child after OMP_NUM_THREADS is set
 
         torch.set_num_threads(threads)
         detoxify = load_detoxify(settings)
@@ -107,13 +112,10 @@ def _build(name: str, spec: dict[str, Any], threads: int, work: str) -> Any:
                 return out
 
         backend = Bf16Weights(detoxify, settings.model_identity)
-        backend.name, backend.precision = name, "reduced"
+        backend.name, backend.precision = name, REDUCED
         return backend
-    from worker.export import export_location, verify_export
-    from worker.onnx_backend import OnnxBackend
-
-    directory, sha = export_location(settings)
-    manifest = verify_export(directory, sha, files=[])
+    directory, sha = artifacts.export_location(settings)
+    manifest = artifacts.verify_export(directory, sha, files=[])
     return OnnxBackend(directory, manifest, Path(work) / spec["file"], threads, name=name,
                        precision=spec["precision"])
 
@@ -122,9 +124,6 @@ def _child(index: int, name: str, spec: dict[str, Any], threads: int, texts: lis
            barrier: Any, queue: Any, started: float) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
-        from worker.scorer import Scorer
-        from worker.settings import WorkerSettings
-
         settings = WorkerSettings()
         t0 = time.perf_counter()
         backend = _build(name, spec, threads, work)
@@ -193,32 +192,27 @@ def measure(name: str, spec: dict[str, Any], processes: int, threads: int, texts
 
 def prepare(work: Path, wanted: list[str]) -> dict[str, str]:
     """Make sure the export exists and build the variant graphs the run needs; returns skip reasons."""
-    from worker import export
-    from worker.settings import WorkerSettings
-
     settings = WorkerSettings()
-    directory = export.ensure_export(settings)
+    directory = build.ensure_export(settings)
     work.mkdir(parents=True, exist_ok=True)
     files = {spec["file"] for name, spec in VARIANTS.items() if name in wanted and spec["kind"] == "file"}
     skipped: dict[str, str] = {}
     if not files:
         return skipped
-    fused = directory / export.FP32_MODEL
+    fused = directory / artifacts.FP32_MODEL
     folded = work / "folded.onnx"
     if not folded.exists() and files & {"folded.onnx", "int8-unfused.onnx"}:
-        from worker.backend import load_detoxify
-
         detoxify = load_detoxify(settings)
         model = detoxify.model.eval()
         model.set_attn_implementation("eager")
-        export.export_onnx(model, work / "raw.onnx", model.config.vocab_size, detoxify.tokenizer.pad_token_id)
-        export.fold(work / "raw.onnx", folded)
+        build.export_onnx(model, work / "raw.onnx", model.config.vocab_size, detoxify.tokenizer.pad_token_id)
+        build.fold(work / "raw.onnx", folded)
         (work / "raw.onnx").unlink()
     builders = {
-        "int8-tensor.onnx": lambda out: export.quantize_int8(fused, out, export.Int8Recipe(per_channel=False)),
-        "int8-gather.onnx": lambda out: export.quantize_int8(
-            fused, out, export.Int8Recipe(op_types=("MatMul", "Gather"))),
-        "int8-unfused.onnx": lambda out: export.quantize_int8(folded, out),
+        "int8-tensor.onnx": lambda out: build.quantize_int8(fused, out, build.Int8Recipe(per_channel=False)),
+        "int8-gather.onnx": lambda out: build.quantize_int8(
+            fused, out, build.Int8Recipe(op_types=("MatMul", "Gather"))),
+        "int8-unfused.onnx": lambda out: build.quantize_int8(folded, out),
         "int8-qdq.onnx": lambda out: _quantize_qdq(fused, out, directory),
         "nbits8.onnx": lambda out: _quantize_nbits8(fused, out),
     }
@@ -235,6 +229,7 @@ def prepare(work: Path, wanted: list[str]) -> dict[str, str]:
 
 
 def _quantize_nbits8(src: Path, dst: Path) -> None:
+    # Heavy optional dependencies (the `onnx` extra), only for this variant.
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -245,15 +240,14 @@ def _quantize_nbits8(src: Path, dst: Path) -> None:
 
 
 def _quantize_qdq(src: Path, dst: Path, directory: Path) -> None:
+    # Heavy optional dependencies (the `onnx` extra), only for this variant.
     import numpy as np
     import transformers
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
-    from worker import export
-
-    manifest = export.read_manifest(directory)
-    tokenizer = getattr(transformers, manifest.tokenizer_class).from_pretrained(str(directory / export.TOKENIZER_DIR))
+    manifest = artifacts.read_manifest(directory)
+    tokenizer = getattr(transformers, manifest.tokenizer_class).from_pretrained(
+        str(directory / artifacts.TOKENIZER_DIR))
     texts = CommentCorpus(DEFAULT_SEED + 1).texts(32)
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
@@ -274,8 +268,6 @@ def _quantize_qdq(src: Path, dst: Path, directory: Path) -> None:
 def model_ops_per_text(tokens: int, padded: int, texts: int) -> tuple[float, float]:
     """(useful, computed) operations per text: 2 per multiply-add over the encoder's matrices, on real
     tokens and on padded tokens (the attention term is small at these lengths and left out)."""
-    from worker.settings import WorkerSettings
-
     settings = WorkerSettings()
     config = json.loads(((settings.hf_config or Path()) / "config.json").read_text()) if settings.hf_config else {}
     d = config.get("hidden_size", 768)
@@ -286,10 +278,9 @@ def model_ops_per_text(tokens: int, padded: int, texts: int) -> tuple[float, flo
 
 
 def fidelity(reference: list[list[float]], scores: list[list[float]]) -> tuple[float, float]:
-    worst, flips = 0.0, 0
-    for ref, row in zip(reference, scores, strict=True):
-        worst = max(worst, max(abs(a - b) for a, b in zip(ref, row, strict=True)))
-        flips += any((a >= 0.5) != (b >= 0.5) for a, b in zip(ref, row, strict=True))
+    """(max abs difference, fraction of texts with any label flipped at p >= 0.5), by the gate's
+    own comparison."""
+    worst, _, flips = compare(reference, scores)
     return worst, flips / len(reference)
 
 
@@ -311,18 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     if "TOXFLEET_CHECKPOINT" not in os.environ and (models / "model.ckpt").is_file():
         os.environ["TOXFLEET_CHECKPOINT"] = str(models / "model.ckpt")
         os.environ["TOXFLEET_HF_CONFIG"] = str(models / "hf")
-    from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
-    from worker.cpus import cpu_model_name, kernel_signature
-    from worker.export import export_location
-    from worker.settings import WorkerSettings
-
     wanted = [v for v in args.variants.split(",") if v]
     if "torch" not in wanted:
         wanted.insert(0, "torch")  # every ratio and fidelity figure is against it
     unknown = set(wanted) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    _, sha = export_location(WorkerSettings())
+    _, sha = artifacts.export_location(WorkerSettings())
     work = args.work / sha[:16]
     skipped = prepare(work, wanted)
     texts = CommentCorpus(DEFAULT_SEED).texts(args.texts)  # the benchmark corpus, not the gate's

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     checkpoint = (args.checkpoint.resolve(), (args.hf or args.checkpoint.parent / "hf").resolve())
     if not checkpoint[0].is_file():
-        raise SystemExit(f"no checkpoint at {checkpoint[0]} (python -m worker.synthetic unbiased-small --out models)")
+        raise SystemExit(f"no checkpoint at {checkpoint[0]} (python -m tools.synthetic unbiased-small --out models)")
 
     texts = CommentCorpus(duplicate_rate=args.duplicate_rate).texts(args.texts)
     distinct = len(set(texts))

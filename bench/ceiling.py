@@ -1,7 +1,7 @@
 """The raw model ceiling: the model in a tight loop, no server, on the same cores.
 
 N processes x 1 torch thread (N = the physical cores, as the worker fleet runs), each scoring texts
-with the project's `worker.scorer.Scorer` over `worker.backend`'s torch model: tokenize, sort by
+with the project's `worker.scorer.Scorer` over `worker.backends.torch`'s model: tokenize, sort by
 length, cut into forward passes. All processes start together on a barrier; the ceiling is texts
 scored / wall time from the first start to the last finish. The pass size is swept and the best one
 repeated, because the best size is a property of the machine: that best figure is the number no
@@ -36,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu import CpuMeter
-from bench.roofline import Architecture
+from bench.roofline import Architecture, usable_cores
+from toxfleet.corpus import CommentCorpus
+from worker.backends.torch import TorchBackend
+from worker.scorer import Scorer, plan_passes
+from worker.settings import WorkerSettings
+from worker.weights import load_detoxify
 
 PASS_TEXTS_SWEEP = (1, 4, 8, 16)
 """Texts per forward pass tried (token cap lifted, so the count alone decides); measured on 2 cores,
@@ -78,11 +83,7 @@ def _child(rank: int, checkpoint: str, hf: str, pool: list[str], per_process: in
     # One intra-op thread per process, set before torch is imported (the worker fleet's layout).
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
-    import torch
-
-    from worker.backend import TorchBackend, load_detoxify
-    from worker.scorer import Scorer
-    from worker.settings import WorkerSettings
+    import torch  # heavy optional dependency, and only after the thread variables above are set
 
     torch.set_num_threads(1)
     settings = WorkerSettings(checkpoint=Path(checkpoint), hf_config=Path(hf), torch_threads=1)
@@ -122,8 +123,6 @@ def sample_passes(tokens: Sequence[int], cfg: PassConfig, texts: int) -> list[li
     """Passes planned over all of `tokens`, then every m-th of them (starting mid-stride) so that
     about `texts` texts remain, and at least `MIN_SAMPLED_PASSES` passes, spread over the whole
     length range."""
-    from worker.scorer import plan_passes
-
     passes = plan_passes(tokens, cfg.pass_tokens, cfg.pass_texts)
     per_pass = len(tokens) / len(passes)
     wanted = max(MIN_SAMPLED_PASSES, texts / per_pass)
@@ -225,9 +224,6 @@ def measure(checkpoint: Path, hf: Path, corpus: Sequence[str], processes: int, p
 
 
 def main() -> None:
-    from bench.roofline import usable_cores
-    from toxfleet.corpus import CommentCorpus
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--hf", type=Path, required=True)
@@ -237,8 +233,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     corpus = CommentCorpus().texts(args.processes * args.pool)
-    from worker.settings import WorkerSettings
-
     ws = WorkerSettings()
     result = measure(args.checkpoint, args.hf, corpus, args.processes, args.per_process, args.per_process // 2,
                      args.repeats, ws.pass_tokens, ws.pass_texts)

@@ -432,7 +432,7 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         "",
         f"CPU peak (fp32): **{peak:.0f} GFLOP/s** = {cpu['assumptions']}.",
         "",
-        "Weights are random (synthetic checkpoints with the real architectures, `python -m worker.synthetic`): "
+        "Weights are random (synthetic checkpoints with the real architectures, `python -m tools.synthetic`): "
         "compute is real, scores are meaningless. The load generator runs on the same cores as the system "
         "under test (its CPU is in the raw results); \"other CPU\" is what the rest of the machine used "
         "meanwhile: well above 0 means a neighbour disturbed the run.",

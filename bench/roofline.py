@@ -21,6 +21,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from worker.cpus import default_concurrency
+
 DEFAULT_FMA_UNITS = 2
 """FMA units per core assumed: 2 on Xeon Scalable Gold 6xxx/Platinum and later with AVX-512 (a
 Xeon Gold 5xxx or Silver has 1, which halves the peak)."""
@@ -105,6 +107,4 @@ def cpu_peak(cores: int, clock_ghz: float | None = None, fma_units: int = DEFAUL
 
 def usable_cores() -> int:
     """Physical cores this process may use, as the worker counts them (quota and SMT aware)."""
-    from worker.cpus import default_concurrency
-
     return default_concurrency(1) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -29,64 +28,20 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from bench import ceiling as ceiling_mod
 from bench import load, report
 from bench.cpu import CpuMeter, CpuSnapshot
+from bench.environment import environment
 from bench.measurement import batch_summary, log_size, window_figures
-from bench.roofline import cpu_peak, usable_cores
+from bench.profiles import DEFAULT_MODELS, PROFILES, Profile
+from bench.roofline import usable_cores
 from bench.services import ROOT, Service, start_baseline, start_redis, start_toxfleet
 from bench.stats import Spread, distribution
 from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
-
-
-@dataclass(frozen=True)
-class Profile:
-    """How much to measure for one model."""
-
-    clients: tuple[int, ...]
-    """Closed-loop client counts; the best throughput among them is the system's capacity."""
-    open_loads: tuple[float, ...]
-    """Open-loop arrival rates as fractions of the capacity measured in the same round."""
-    windows: int
-    """Measurement windows per point (the repeats each figure's median and range come from)."""
-    window: float
-    """Seconds per window (a closed-loop window stretches to the warm-up's median latency)."""
-    warmup: float
-    """Least seconds of load before the first window."""
-    corpus: int
-    """Distinct texts the load cycles through."""
-    ceiling_per_process: int
-    """Texts each ceiling process scores per configuration."""
-    ceiling_reference: int
-    """Texts each ceiling process scores one at a time with plain `Detoxify.predict`."""
-    ceiling_repeats: int
-    """Runs of the best ceiling configuration."""
-    ceiling_sweep: tuple[int, ...] = ceiling_mod.PASS_TEXTS_SWEEP
-    """Texts per forward pass the ceiling tries."""
-    toxfleet_modes: tuple[str, ...] = ("compat", "jobs")
-    """toxfleet's endpoints measured in the closed loop."""
-    open_modes: tuple[str, ...] = ("baseline", "jobs")
-    """Modes also measured in the open loop."""
-    open_deadline: float = 60.0
-    """Seconds an open-loop request may take before it counts as a timeout."""
-
-
-PROFILES: dict[str, Profile] = {
-    "full": Profile(clients=(1, 10, 100), open_loads=(0.5, 1.0, 2.0), windows=3, window=8.0, warmup=3.0,
-                    corpus=3000, ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=3),
-    # For the second architecture: the single-client and saturation points, toxfleet's own API only.
-    "reduced": Profile(clients=(1, 100), open_loads=(), windows=2, window=8.0, warmup=3.0, corpus=3000,
-                       ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=2, toxfleet_modes=("jobs",)),
-    "quick": Profile(clients=(1, 20), open_loads=(2.0,), windows=1, window=3.0, warmup=1.0, corpus=500,
-                     ceiling_per_process=32, ceiling_reference=16, ceiling_repeats=1, ceiling_sweep=(1, 8),
-                     open_deadline=20.0),
-}
-
-DEFAULT_MODELS = {"full": "unbiased-small:full,original:reduced", "quick": "tiny:quick"}
+from worker.settings import WorkerSettings
 
 SETTLE_CPU = 0.3
 """Cores a service may still use for the next point to start (leftover work from the last one)."""
@@ -106,42 +61,9 @@ def ensure_checkpoint(models_dir: Path, kind: str) -> tuple[Path, Path]:
     ckpt = models_dir / kind / "model.ckpt"
     if not ckpt.is_file():
         log(f"building synthetic checkpoint {kind} in {models_dir}")
-        subprocess.run([sys.executable, "-m", "worker.synthetic", kind, "--out", str(models_dir)], check=True,
+        subprocess.run([sys.executable, "-m", "tools.synthetic", kind, "--out", str(models_dir)], check=True,
                        cwd=ROOT)
     return ckpt, ckpt.parent / "hf"
-
-
-def environment(cores: int, clock_ghz: float | None, fma_units: int) -> dict[str, Any]:
-    """What the numbers depend on: hardware, peak, versions, commit, knobs."""
-    versions = {}
-    for pkg in ("torch", "detoxify", "transformers", "celery", "fastapi", "uvicorn", "gunicorn", "aiohttp", "redis"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = "not installed"
-    try:
-        redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        redis_version = "not found"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=ROOT)
-    from api.settings import ApiSettings
-    from worker.settings import WorkerSettings
-
-    worker = WorkerSettings().model_dump(include={"pass_tokens", "pass_texts", "batch_tokens", "prefetch_multiplier",
-                                                  "torch_threads", "backend"})
-    api = ApiSettings().model_dump(include={"max_queue_depth", "backlog_per_process", "compat_timeout", "max_wait"})
-    return {
-        "python": platform.python_version(), "platform": platform.platform(), "versions": versions,
-        "redis_server": redis_version,
-        "commit": commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else ""),
-        "cores": cores, "cpu": cpu_peak(cores, clock_ghz, fma_units).as_dict(),
-        "worker_settings": worker, "api_settings": api,
-        "toxfleet_env": {k: v for k, v in os.environ.items() if k.startswith("TOXFLEET_")},
-        "loadavg_start": os.getloadavg(),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "bench.run", *sys.argv[1:]]),
-    }
 
 
 class Bench:
@@ -354,8 +276,6 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
               log_dir: Path, systems: list[str], backend: str) -> dict[str, Any]:
     ckpt, hf = ensure_checkpoint(models_dir, kind)
     corpus = CommentCorpus(seed).texts(profile.corpus)
-    from worker.settings import WorkerSettings
-
     ws = WorkerSettings()
     log(f"{kind}: raw model ceiling, {cores} processes x 1 thread")
     ceiling = ceiling_mod.measure(ckpt, hf, corpus, cores, profile.ceiling_per_process, profile.ceiling_reference,

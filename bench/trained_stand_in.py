@@ -6,9 +6,9 @@ comment-like texts from `toxfleet.corpus`. The result is a Detoxify-format check
 (same labels, tokenizer and architecture) whose features depend on the text. It is not a toxicity
 model; it only has trained-model error statistics rather than random-weight ones.
 
-    .venv/bin/python bench/trained_stand_in.py models/tiny models/tiny-trained --steps 600
+    .venv/bin/python -m bench.trained_stand_in models/tiny models/tiny-trained --steps 600
     TOXFLEET_CHECKPOINT=models/tiny-trained/model.ckpt TOXFLEET_HF_CONFIG=models/tiny-trained/hf \\
-        .venv/bin/python -m worker.fidelity
+        .venv/bin/python -m worker.gate
 
 Cost: about 4 minutes for 600 steps of `tiny` on 2 shared cores; a full-size model needs far longer.
 """
@@ -22,9 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from toxfleet.corpus import CommentCorpus, vocabulary
 
 WORDS_PER_LABEL = 3
 TRAINING_TEXTS = 4000
@@ -35,15 +33,14 @@ LEARNING_RATE = 2e-3
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", type=Path, help="directory with model.ckpt and hf/ (worker.synthetic output)")
+    parser.add_argument("source", type=Path, help="directory with model.ckpt and hf/ (tools.synthetic output)")
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Heavy optional dependencies, imported after HF_HUB_OFFLINE is set.
     import torch
     from detoxify import Detoxify
-
-    from toxfleet.corpus import CommentCorpus, vocabulary
 
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -16,5 +16,5 @@ def synthetic_checkpoint(kind: str) -> tuple[Path, Path]:
     """(model.ckpt, hf/) of a synthetic checkpoint under MODELS (`make test` builds them; built here if missing)."""
     ckpt = MODELS / kind / "model.ckpt"
     if not ckpt.is_file():
-        subprocess.run([sys.executable, "-m", "worker.synthetic", kind, "--out", str(MODELS)], check=True, cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "tools.synthetic", kind, "--out", str(MODELS)], check=True, cwd=ROOT)
     return ckpt, ckpt.parent / "hf"

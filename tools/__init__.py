@@ -1,1 +1,1 @@
-"""Developer tools run as `python -m tools.<name>`: synthetic checkpoints, the backlog publisher."""
+"""Developer tools, run as `python -m tools.<name>` from the repository root: synthetic checkpoints, the backlog publisher."""

@@ -136,18 +136,15 @@ def _local(batches: Iterable[list[table.Row]], args: argparse.Namespace,
            thresholds: float | dict[str, float] | None) -> Iterator[tuple[list[table.Row], list[Scored]]]:
     """The same, scored in this process by the worker's scorer (needs the `worker` extra)."""
     try:
-        from worker.backend import load_backend
-        from worker.scorer import Scorer
-        from worker.settings import WorkerSettings
+        # Optional heavy dependency (the `worker` extra: torch, Detoxify), only for --local.
+        from worker.local import load_local_scorer
     except ImportError as exc:
         raise SystemExit(f"toxfleet: --local needs the worker extra (pip install 'toxfleet[worker]'): {exc}") from None
     threads = args.threads or len(os.sched_getaffinity(0))
-    settings = WorkerSettings(torch_threads=threads)
     try:
-        backend = load_backend(settings)
+        scorer = load_local_scorer(threads)
     except ImportError as exc:  # the worker package is there, its torch/detoxify are not
         raise SystemExit(f"toxfleet: --local needs the worker extra (pip install 'toxfleet[worker]'): {exc}") from None
-    scorer = Scorer(backend, settings.pass_tokens, settings.pass_texts)
     flags = Thresholds().override(thresholds)
 
     def score(texts: list[str]) -> list[Scored]:

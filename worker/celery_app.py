@@ -1,6 +1,7 @@
 """The worker's Celery app: `celery -A worker worker` finds it as `worker.app`.
 
-Importing this is cheap (no torch): the model is loaded per pool process by `worker.lifecycle`.
+Importing this is cheap (no torch): the model is loaded per pool process by `worker.lifecycle`
+(into `worker.state`).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
 
 def kernel_signature(flags: set[str] | None = None) -> str:
     """The kernel-relevant flags this CPU has, as one stable string: the key a fidelity decision is
-    valid for (`worker.selection`)."""
+    valid for (`worker.gate.decision`)."""
     have = cpu_flags() if flags is None else flags
     return ",".join(flag for flag in KERNEL_FLAGS if flag in have) or "baseline"
 

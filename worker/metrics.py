@@ -19,14 +19,12 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import signals
 
+from worker.scorer import ScoreStats
 from worker.settings import get_settings
-
-if TYPE_CHECKING:
-    from worker.scorer import ScoreStats
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +44,7 @@ class WorkerMetrics:
     """The worker's metric objects (one set per process, created on first use)."""
 
     def __init__(self, registry: Any = None) -> None:
+        # Not at module level: prometheus_client picks multiprocess mode when imported (see above).
         from prometheus_client import REGISTRY, Counter, Histogram
 
         reg = REGISTRY if registry is None else registry
@@ -149,7 +148,7 @@ def _on_worker_init(**_: Any) -> None:
         os.environ[MULTIPROC_ENV] = str(_own_dir)
     # prometheus_client reads the variable once, at import, and the `celery` command may have imported
     # it already (Flower's CLI plugin does): choose the value class again, before any metric exists.
-    from prometheus_client import values
+    from prometheus_client import values  # after the variable is set: see the comment above
 
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
 
@@ -160,6 +159,7 @@ def _on_worker_ready(**_: Any) -> None:
     port = get_settings().metrics_port
     if port == 0 or MULTIPROC_ENV not in os.environ:
         return
+    # Not at module level: prometheus_client picks multiprocess mode when imported (module docstring).
     from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
     registry = CollectorRegistry()
@@ -176,7 +176,7 @@ def _on_worker_ready(**_: Any) -> None:
 @signals.worker_process_shutdown.connect
 def _on_process_shutdown(pid: int | None = None, **_: Any) -> None:
     if MULTIPROC_ENV in os.environ:
-        from prometheus_client import multiprocess
+        from prometheus_client import multiprocess  # imported late for the same reason as above
 
         multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from toxfleet.contract import LONG_TEXT_MODES, TRUNCATE, WINDOWS
-from worker.backend import Backend
+from worker.backends.base import Backend
 
 
 @dataclass(frozen=True)

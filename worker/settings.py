@@ -19,7 +19,8 @@ from toxfleet import contract
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-bf16", "onnx", "onnx-int8")
-"""Values TOXFLEET_BACKEND accepts; `worker.backend.load_backend` builds each of them."""
+"""Values TOXFLEET_BACKEND accepts; `worker.backends.loader.load_backend` builds each of them
+(`auto` resolved first by `worker.gate.selection`)."""
 
 
 class WorkerSettings(BaseSettings):

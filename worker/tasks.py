@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from toxfleet import contract
 from toxfleet.cache import ScoreCache, Scores, namespace
-from worker import lifecycle, metrics
+from worker import metrics, state
 from worker.batching import BatchTask
 from worker.celery_app import app
 from worker.results import Outcome, ResultStore
@@ -59,11 +59,19 @@ class ScoreTask(BatchTask):
     name = contract.SCORE_TASK
     acks_late = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The consumer's flush budget and the retry limit after a lost pool process come from the
+        # worker's settings, read once like every other (the task object is built at import).
+        settings = get_settings()
+        self.batch_tokens = settings.batch_tokens
+        self.max_retries = settings.max_retries
+
     def run(self, texts: list[str], long_text: str = contract.TRUNCATE) -> list[dict[str, float]]:
         # Only reached when the task is applied eagerly in-process; workers call run_batch.
         settings = get_settings()
         kwargs = {"long_text": long_text}
-        results, _ = lifecycle.scorer().score(validate([texts], kwargs, settings.max_texts, settings.max_text_chars),
+        results, _ = state.scorer().score(validate([texts], kwargs, settings.max_texts, settings.max_text_chars),
                                               long_text_of(kwargs))
         return results
 
@@ -87,7 +95,7 @@ class ScoreTask(BatchTask):
         started = time.perf_counter()
         metrics.observe_queue_waits(r.get("sent_at") for r in requests)
         settings = get_settings()
-        scorer = lifecycle.scorer()
+        scorer = state.scorer()
         store = ResultStore(self.backend)
         extra: dict[str, Any] = {"model": scorer.backend.identity,
                                  "batch": {"id": batch_id, "requests": len(requests), "pid": os.getpid()}}

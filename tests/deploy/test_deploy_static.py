@@ -54,8 +54,9 @@ from tests.deploy.deployfiles import (
     required_variables,
     shell_commands,
 )
+from tools import synthetic
 from toxfleet import contract
-from worker import backlog, synthetic
+from worker import backlog
 from worker.settings import WorkerSettings
 
 API_FILE = parse_dockerfile(ROOT / "Dockerfile.api")
@@ -370,11 +371,11 @@ def test_worker_model_is_fetched_at_build_time_and_read_offline() -> None:
 
 def test_worker_looks_for_weights_where_the_build_put_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the image's TORCH_HOME, the worker's startup check looks under it (torch.hub's layout)."""
-    from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint  # here: it connects Celery signal handlers
+    from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
     torch_home = WORKER_FILE.env(IMAGES["worker"][1])["TORCH_HOME"]
     monkeypatch.setenv("TORCH_HOME", torch_home)
-    path = _torch_hub_checkpoint(DETOXIFY_URLS["unbiased-small"])
+    path = torch_hub_checkpoint(DETOXIFY_URLS["unbiased-small"])
     assert path.parent == Path(torch_home) / "hub" / "checkpoints"
 
 
@@ -459,14 +460,14 @@ def test_worker_export_lands_where_the_runtime_reads_it(monkeypatch: pytest.Monk
     """For the image's named model, the export root is next to the checkpoint in the build's TORCH_HOME,
     which the runtime stage copies; neither stage sets TOXFLEET_EXPORT_DIR, and the runtime gets the
     build's virtualenv (onnxruntime, for the ONNX backends)."""
-    from worker import export
-    from worker.lifecycle import DETOXIFY_URLS, _torch_hub_checkpoint
+    from worker.exports import artifacts
+    from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
     build, runtime = WORKER_FILE.stage("build"), IMAGES["worker"][1]
     monkeypatch.setenv("TORCH_HOME", WORKER_FILE.env(build)["TORCH_HOME"])
     monkeypatch.delenv("TOXFLEET_EXPORT_DIR", raising=False)
-    checkpoint = _torch_hub_checkpoint(DETOXIFY_URLS[WORKER_FILE.global_args["TOXFLEET_MODEL"]])
-    root = export.export_root(WorkerSettings(), checkpoint)
+    checkpoint = torch_hub_checkpoint(DETOXIFY_URLS[WORKER_FILE.global_args["TOXFLEET_MODEL"]])
+    root = artifacts.export_root(WorkerSettings(), checkpoint)
     assert root == checkpoint.parent / "exports"
     assert root.is_relative_to("/opt/toxfleet") and WORKER_FILE.env(runtime)["TORCH_HOME"] == str(
         root.parents[2])
@@ -642,11 +643,11 @@ def test_offline_override_builds_the_checkpoint_where_workers_read_it() -> None:
     synth, worker = services["synth"], services["worker"]
     words = shlex.split(synth["command"][-1])
     assert synth["command"][:2] == ["sh", "-c"]
-    start = words.index("worker.synthetic")
+    start = words.index("tools.synthetic")
     kind, out = words[start + 1], words[words.index("--out") + 1]
     assert kind in synthetic.KINDS
     env = environment(worker)
-    # worker/synthetic.py writes <out>/<kind>/model.ckpt and <out>/<kind>/hf
+    # tools/synthetic.py writes <out>/<kind>/model.ckpt and <out>/<kind>/hf
     assert env["TOXFLEET_CHECKPOINT"] == f"{out}/{kind}/model.ckpt"
     assert env["TOXFLEET_HF_CONFIG"] == f"{out}/{kind}/hf"
     assert words[:3] == ["test", "-f", env["TOXFLEET_CHECKPOINT"]]

@@ -19,8 +19,9 @@ import pytest
 from testing import ROOT, start_worker
 from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
-from worker.export import ExportError
-from worker.fidelity import FP32_BUDGET, REDUCED_BUDGET, compare, gate_texts, measure, run_gate, score
+from worker.exports import artifacts, build
+from worker.exports.artifacts import ExportError
+from worker.gate.fidelity import FP32_BUDGET, REDUCED_BUDGET, compare, gate_texts, measure, run_gate, score
 from worker.settings import WorkerSettings
 
 
@@ -29,23 +30,23 @@ def exported(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPa
     """Settings whose export directory holds a fresh export of the tiny checkpoint."""
     settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1],
                               export_dir=tmp_path_factory.mktemp("exports"))
-    export.ensure_export(settings)
+    build.ensure_export(settings)
     return settings
 
 
 @pytest.fixture(scope="module")
 def reference(exported: WorkerSettings) -> tuple[list[str], list[list[float]], list[str]]:
     """Gate texts and the torch reference's scores of them."""
-    from worker.backend import load_backend
+    from worker.backends.loader import load_backend
 
     texts = gate_texts(96)
-    backend = load_backend(exported.model_copy(update={"backend": "torch"}))
+    backend = load_backend("torch", exported)
     scores, _ = score(backend, texts, exported)
     return texts, scores, backend.labels
 
 
 def _copy_export(settings: WorkerSettings, tmp_path: Path) -> tuple[WorkerSettings, Path]:
-    directory, _ = export.export_location(settings)
+    directory, _ = artifacts.export_location(settings)
     target = tmp_path / "exports" / directory.name
     shutil.copytree(directory, target)
     return settings.model_copy(update={"export_dir": tmp_path / "exports"}), target
@@ -53,23 +54,23 @@ def _copy_export(settings: WorkerSettings, tmp_path: Path) -> tuple[WorkerSettin
 
 def test_export_manifest_records_hash_versions_and_files(exported: WorkerSettings) -> None:
     """The export sits under the checkpoint's sha256 and its manifest hashes every file it holds."""
-    directory, sha = export.export_location(exported)
-    assert directory.name == sha == export.sha256_file(exported.checkpoint)  # type: ignore[arg-type]
-    manifest = export.verify_export(directory, sha)
-    assert {export.FP32_MODEL, export.INT8_MODEL} <= set(manifest.files)
-    assert any(name.startswith(export.TOKENIZER_DIR + "/") for name in manifest.files)
+    directory, sha = artifacts.export_location(exported)
+    assert directory.name == sha == artifacts.sha256_file(exported.checkpoint)  # type: ignore[arg-type]
+    manifest = artifacts.verify_export(directory, sha)
+    assert {artifacts.FP32_MODEL, artifacts.INT8_MODEL} <= set(manifest.files)
+    assert any(name.startswith(artifacts.TOKENIZER_DIR + "/") for name in manifest.files)
     assert manifest.versions["onnxruntime"] and manifest.versions["torch"] and manifest.opset >= 17
     assert manifest.labels[0] == "toxicity" and manifest.num_outputs == 16
 
 
 def test_onnx_scores_like_torch_with_the_same_json(exported: WorkerSettings) -> None:
     """The ONNX backend returns the torch path's labels in its order, with probabilities within 1e-4."""
-    from worker.backend import load_backend
+    from worker.backends.loader import load_backend
     from worker.scorer import Scorer
 
     texts = gate_texts(40)
-    torch_rows, _ = Scorer(load_backend(exported.model_copy(update={"backend": "torch"})), 1024, 16).score(texts)
-    onnx_backend = load_backend(exported.model_copy(update={"backend": "onnx"}))
+    torch_rows, _ = Scorer(load_backend("torch", exported), 1024, 16).score(texts)
+    onnx_backend = load_backend("onnx", exported)
     onnx_rows, _ = Scorer(onnx_backend, 1024, 16).score(texts)
     assert onnx_backend.name == "onnx" and onnx_backend.load_seconds > 0
     for t, o in zip(torch_rows, onnx_rows, strict=True):
@@ -82,12 +83,12 @@ def test_onnx_backend_scores_long_texts_in_windows_like_torch(exported: WorkerSe
     """long_text="windows" works on the ONNX backend too: the same windows as torch (its saved
     tokenizer), the same max-over-windows scores within 1e-4."""
     from toxfleet.corpus import CommentCorpus
-    from worker.backend import load_backend
+    from worker.backends.loader import load_backend
     from worker.scorer import Scorer
 
     texts = [" ".join(CommentCorpus(9).texts(40)), "short"]
-    torch_backend = load_backend(exported.model_copy(update={"backend": "torch"}))
-    onnx_backend = load_backend(exported.model_copy(update={"backend": "onnx"}))
+    torch_backend = load_backend("torch", exported)
+    onnx_backend = load_backend("onnx", exported)
     assert onnx_backend.tokenize_windows(texts) == torch_backend.tokenize_windows(texts)
     assert len(onnx_backend.tokenize_windows(texts)[0]) > 2
     torch_rows, _ = Scorer(torch_backend, 1024, 16).score(texts, "windows")
@@ -118,10 +119,10 @@ def test_gate_applies_the_reduced_budget_to_quantized_backends(exported: WorkerS
 
 def _recipe_backend(settings: WorkerSettings, softmax: bool, mask: bool):  # type: ignore[no-untyped-def]
     """The ONNX backend with the circulating recipe's mistakes switched on."""
-    from worker.onnx_backend import OnnxBackend
+    from worker.backends.onnx import OnnxBackend
 
-    directory, sha = export.export_location(settings)
-    manifest = export.verify_export(directory, sha)
+    directory, sha = artifacts.export_location(settings)
+    manifest = artifacts.verify_export(directory, sha)
 
     class Recipe(OnnxBackend):
         def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -134,7 +135,7 @@ def _recipe_backend(settings: WorkerSettings, softmax: bool, mask: bool):  # typ
             out: list[list[float]] = probs.tolist()
             return out
 
-    return Recipe(directory, manifest, export.FP32_MODEL, 1)
+    return Recipe(directory, manifest, artifacts.FP32_MODEL, 1)
 
 
 @pytest.mark.parametrize(("softmax", "mask"), [(True, False), (True, True), (False, False)],
@@ -164,17 +165,17 @@ def test_compare_counts_texts_with_any_flipped_label() -> None:
 
 def test_corrupt_export_is_refused_with_the_command(exported: WorkerSettings, tmp_path: Path) -> None:
     """A model file whose bytes changed is refused at load, naming the command that rebuilds it."""
-    from worker.backend import load_backend
+    from worker.backends.loader import load_backend
 
     settings, directory = _copy_export(exported, tmp_path)
-    model = directory / export.INT8_MODEL
+    model = directory / artifacts.INT8_MODEL
     data = bytearray(model.read_bytes())
     data[len(data) // 2] ^= 0xFF
     model.write_bytes(bytes(data))
     with pytest.raises(ExportError, match=r"corrupt.*python -m worker\.export"):
-        load_backend(settings.model_copy(update={"backend": "onnx-int8"}))
+        load_backend("onnx-int8", settings)
     # The fp32 backend reads other files and still loads.
-    assert load_backend(settings.model_copy(update={"backend": "onnx"})).name == "onnx"
+    assert load_backend("onnx", settings).name == "onnx"
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
@@ -183,25 +184,25 @@ def test_corrupt_export_is_refused_with_the_command(exported: WorkerSettings, tm
 def test_stale_export_is_refused(exported: WorkerSettings, tmp_path: Path, field: str, value: object,
                                  message: str) -> None:
     """An export of another format, checkpoint or onnxruntime version is stale: refused, not loaded."""
-    from worker.backend import load_backend
+    from worker.backends.loader import load_backend
 
     settings, directory = _copy_export(exported, tmp_path)
-    manifest = json.loads((directory / export.MANIFEST_FILE).read_text())
+    manifest = json.loads((directory / artifacts.MANIFEST_FILE).read_text())
     manifest[field] = value
-    (directory / export.MANIFEST_FILE).write_text(json.dumps(manifest))
+    (directory / artifacts.MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(ExportError, match=f"stale.*{message}"):
-        load_backend(settings.model_copy(update={"backend": "onnx"}))
+        load_backend("onnx", settings)
 
 
 def test_missing_export_is_refused_and_never_built_by_a_worker(tiny_checkpoint: tuple[Path, Path],
                                                                tmp_path: Path) -> None:
     """A worker asked for ONNX without an export refuses; it does not export at load time."""
-    from worker.backend import load_backend
+    from worker.backends.loader import load_backend
 
     settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1], export_dir=tmp_path,
                               backend="onnx")
     with pytest.raises(ExportError, match=r"no export.*python -m worker\.export"):
-        load_backend(settings)
+        load_backend(settings.backend, settings)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -211,19 +212,20 @@ def test_ensure_export_rebuilds_a_corrupt_export(exported: WorkerSettings, tmp_p
     settings, directory = _copy_export(exported, tmp_path)
     built: list[Path] = []
 
-    def fake_build(_settings: WorkerSettings, _recipe: export.Int8Recipe, target: Path) -> Path:
+    def fake_build(_settings: WorkerSettings, _recipe: build.Int8Recipe, target: Path) -> Path:
         built.append(target)
         return target
 
-    monkeypatch.setattr(export, "build_export", fake_build)
-    assert export.ensure_export(settings) == directory and built == []
-    (directory / export.FP32_MODEL).write_bytes(b"not a model")
-    assert export.ensure_export(settings) == directory and built == [directory]
+    monkeypatch.setattr(build, "build_export", fake_build)
+    assert build.ensure_export(settings) == directory and built == []
+    (directory / artifacts.FP32_MODEL).write_bytes(b"not a model")
+    assert build.ensure_export(settings) == directory and built == [directory]
 
 
 def test_auto_uses_a_valid_decision_and_falls_back_to_the_reference(exported: WorkerSettings, tmp_path: Path) -> None:
     """`auto` runs the gate's choice while checkpoint, CPU flags and versions match; otherwise torch."""
-    from worker.selection import Decision, resolve_backend
+    from worker.gate.decision import Decision
+    from worker.gate.selection import resolve_backend
 
     settings, directory = _copy_export(exported, tmp_path)
     auto = settings.model_copy(update={"backend": "auto"})
@@ -244,7 +246,7 @@ def test_export_command_gate_writes_the_decision(exported: WorkerSettings, tmp_p
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """`python -m worker.export` on a current export runs the gate, prints the table, records a passing choice."""
-    from worker.selection import Decision
+    from worker.gate.decision import Decision
 
     settings, directory = _copy_export(exported, tmp_path)
     monkeypatch.setenv("TOXFLEET_CHECKPOINT", str(settings.checkpoint))
@@ -264,11 +266,11 @@ def test_onnx_backend_runs_without_torch(exported: WorkerSettings) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from worker.settings import WorkerSettings\n"
-        "from worker.backend import load_backend\n"
+        "from worker.backends.loader import load_backend\n"
         "from worker.scorer import Scorer\n"
         f"s = WorkerSettings(checkpoint={str(exported.checkpoint)!r}, hf_config={str(exported.hf_config)!r}, "
         f"export_dir={str(exported.export_dir)!r}, backend='onnx-int8')\n"
-        "rows, _ = Scorer(load_backend(s), 1024, 16).score(['hello there', 'you are awful'])\n"
+        "rows, _ = Scorer(load_backend(s.backend, s), 1024, 16).score(['hello there', 'you are awful'])\n"
         "assert len(rows) == 2 and len(rows[0]) == 7, rows\n"
         "print('ok', sorted(m for m in sys.modules if m.startswith('torch') and sys.modules[m] is not None))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -329,11 +331,11 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
     """Dockerfile.worker's export command (gate on), run verbatim without TOXFLEET_EXPORT_DIR, writes the
     decision next to the checkpoint; a default worker then runs the chosen backend, and on a CPU whose
     flags differ from the decision's it runs torch and says why."""
-    from worker.selection import Decision
+    from worker.gate.decision import Decision
 
     checkpoint = _private_checkpoint(tiny_checkpoint, tmp_path)
     # The export itself is the module fixture's (built and checked there); the command finds it current.
-    source, sha = export.export_location(exported)
+    source, sha = artifacts.export_location(exported)
     target = checkpoint[0].parent / "exports" / sha
     shutil.copytree(source, target)
     build = parse_dockerfile(ROOT / "Dockerfile.worker").stage("build")

@@ -93,7 +93,7 @@ def test_bad_threshold_is_a_clear_error(fleet: Fleet) -> None:
 def test_windows_mode_through_the_fleet(fleet: Fleet, tiny_detoxify: Any) -> None:
     """long_text="windows" over HTTP equals the scorer's windows in-process, and differs from the
     default, which equals Detoxify.predict (truncation)."""
-    from worker.backend import TorchBackend
+    from worker.backends.torch import TorchBackend
     from worker.scorer import Scorer
 
     long_text = " ".join(CommentCorpus(33).texts(40))

@@ -30,7 +30,7 @@ def test_plan_passes_single_long_text_gets_its_own_pass() -> None:
 @pytest.mark.parametrize(("max_tokens", "max_texts"), [(512, 1), (1024, 4), (4096, 64)])
 def test_scores_equal_detoxify_whatever_the_batching(tiny_detoxify: Any, max_tokens: int, max_texts: int) -> None:
     """Padding and grouping never change a text's score: equal to Detoxify.predict on each text to 1e-4."""
-    from worker.backend import TorchBackend
+    from worker.backends.torch import TorchBackend
     from worker.scorer import Scorer
 
     texts = CommentCorpus(11).texts(24) + ["", "short", "word " * 900]  # empty, tiny, and truncated
@@ -47,7 +47,7 @@ def test_scores_equal_detoxify_whatever_the_batching(tiny_detoxify: Any, max_tok
 
 def test_sorted_passes_pad_less_than_arrival_order(tiny_detoxify: Any) -> None:
     """On a realistic corpus, sorted passes compute far fewer padded tokens than arrival-order batches."""
-    from worker.backend import TorchBackend
+    from worker.backends.torch import TorchBackend
     from worker.scorer import Scorer
 
     texts = CommentCorpus(3).texts(64)

@@ -13,7 +13,7 @@ from toxfleet.corpus import CommentCorpus
 
 @pytest.fixture(scope="module")
 def scorer(tiny_detoxify: Any) -> Any:
-    from worker.backend import TorchBackend
+    from worker.backends.torch import TorchBackend
     from worker.scorer import Scorer
 
     return Scorer(TorchBackend(tiny_detoxify, "tiny"), 1024, 16)

@@ -24,6 +24,6 @@ def test_detoxify_urls_match_detoxify() -> None:
     """The weight URLs the main process checks without importing torch are Detoxify's own."""
     from detoxify.detoxify import MODEL_URLS
 
-    from worker.lifecycle import DETOXIFY_URLS
+    from worker.weights import DETOXIFY_URLS
 
     assert DETOXIFY_URLS == MODEL_URLS

@@ -4,7 +4,7 @@ Both start from exactly the model the reference loads and change only how it com
 tokenizer, label order and output are the reference's. Neither is exported ahead of time: dynamic
 quantization of the Linear layers is a deterministic function of the checkpoint that takes about a
 second at process start, and autocast changes nothing stored. Both must pass the fidelity gate
-(`worker.fidelity`) before `auto` may pick them.
+(`worker.gate.fidelity`) before `auto` may pick them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from worker.backend import REDUCED, TorchBackend
+from worker.backends.base import REDUCED
+from worker.backends.torch import TorchBackend
 from worker.cpus import cpu_flags
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -29,7 +30,7 @@ class TorchInt8Backend(TorchBackend):
 
     def __init__(self, detoxify: Any, identity: str) -> None:
         super().__init__(detoxify, identity)
-        import torch
+        import torch  # heavy: imported when this backend is built, in the process that runs it
 
         with warnings.catch_warnings():
             # torch 2.13 deprecates torch.ao.quantization in favour of torchao (not a dependency here);

@@ -14,7 +14,7 @@ because Detoxify calls `config_class.from_pretrained(model_type)` even offline a
 resolve locally. **Scores from these checkpoints are meaningless**: only shapes, labels and compute
 cost match the real models.
 
-    python -m worker.synthetic tiny --out models
+    python -m tools.synthetic tiny --out models
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toxfleet.contract import LABELS
 from toxfleet.corpus import CommentCorpus
 
-UNBIASED_CLASSES = ["toxicity", "severe_toxicity", "obscene", "identity_attack", "insult", "threat",
-                    "sexual_explicit"]
 UNBIASED_IDENTITY_CLASSES = ["male", "female", "homosexual_gay_or_lesbian", "christian", "jewish", "muslim",
                              "black", "white", "psychiatric_or_mental_illness"]
 ORIGINAL_CLASSES = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
@@ -58,20 +57,20 @@ _BERT_BASE: dict[str, Any] = {"hidden_size": 768, "num_hidden_layers": 12, "num_
               "intermediate_size": 3072}
 
 KINDS: dict[str, Kind] = {
-    "tiny": Kind("albert", 16, UNBIASED_CLASSES,
+    "tiny": Kind("albert", 16, list(LABELS),
                  {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
                   "intermediate_size": 64, "embedding_size": 16,
                   # A wider init makes a 2-layer model's features depend on the text, so the classifier
                   # needs no large rescaling (which would amplify float noise past 1e-4 comparisons).
                   "initializer_range": 0.5}, 2000, UNBIASED_IDENTITY_CLASSES),
-    "unbiased-small": Kind("albert", 16, UNBIASED_CLASSES, _ALBERT_BASE, 30000, UNBIASED_IDENTITY_CLASSES),
+    "unbiased-small": Kind("albert", 16, list(LABELS), _ALBERT_BASE, 30000, UNBIASED_IDENTITY_CLASSES),
     "original-small": Kind("albert", 6, ORIGINAL_CLASSES, _ALBERT_BASE, 30000),
     "original": Kind("bert", 6, ORIGINAL_CLASSES, _BERT_BASE, 30522),
 }
 
 
 def _train_tokenizer(kind: Kind, hf_dir: Path, seed: int) -> Any:
-    from tokenizers import trainers
+    from tokenizers import trainers  # heavy optional dependency (comes with transformers)
 
     transformers: Any = importlib.import_module("transformers")
 
@@ -98,7 +97,7 @@ def _train_tokenizer(kind: Kind, hf_dir: Path, seed: int) -> Any:
 
 def _spread_classifier(model: Any, tokenizer: Any, seed: int) -> None:
     """Rescale each label's classifier row so its logit has mean 0 and std LOGIT_STD across texts."""
-    import torch
+    import torch  # heavy optional dependency: only building a checkpoint needs it
 
     texts = CommentCorpus(seed + 1).texts(64)
     inputs = tokenizer(texts, return_tensors="pt", truncation=True, max_length=512, padding=True)
@@ -116,7 +115,7 @@ def _spread_classifier(model: Any, tokenizer: Any, seed: int) -> None:
 
 def build(kind_name: str, out: Path, seed: int = 0) -> Path:
     """Build one synthetic checkpoint; returns the path of its `model.ckpt`."""
-    import torch
+    import torch  # heavy optional dependency: only building a checkpoint needs it
 
     transformers: Any = importlib.import_module("transformers")
     kind = KINDS[kind_name]

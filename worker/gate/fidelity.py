@@ -1,41 +1,32 @@
-"""The fidelity gate: every backend against the torch fp32 reference, on a fixed corpus.
+"""The fidelity gate's measurements: every backend against the torch fp32 reference, on a fixed corpus.
 
 For each backend it scores the same texts the way a worker does (tokenized by the backend itself,
 sorted, cut into padded passes by `worker.scorer` with the configured budgets, so most texts sit next
-to a longer one and carry padding) and reports, against the reference's scores of the same texts:
+to a longer one and carry padding) and reports, against the reference's scores of the same texts
+(`compare`, the one comparison the gate and the benchmarks use):
 
 - the largest absolute difference of any probability (`max_abs`);
 - the fraction of texts whose thresholded labels (p >= 0.5) differ in any label (`flips`).
 
 Budgets: fp32 backends 1e-4; reduced-precision (int8, bf16) backends 0.02 and 1 % of texts. A
 backend that misses its budget cannot be `auto`'s choice. The reference itself is checked too:
-padded passes against one text per pass (no padding at all) on the first texts.
-
-**Random weights are not trained weights.** The synthetic checkpoints (`worker.synthetic`) have
-nearly constant features that a large classifier spreads over (0, 1), so they amplify any rounding:
-quantized backends fail on them by a wide margin. A trained checkpoint has different error
-statistics; gate the real one:
-
-    TOXFLEET_CHECKPOINT=real.ckpt TOXFLEET_HF_CONFIG=hf/ python -m worker.fidelity --write-decision
-    python -m worker.fidelity --require onnx          # exit 1 unless `onnx` passes (CI)
+padded passes against one text per pass (no padding at all) on the first texts. The command that
+runs it is `python -m worker.gate` (`worker.gate.cli`).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import math
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 from toxfleet.corpus import CommentCorpus
-from worker.backend import FP32, REDUCED, Backend, load_backend
+from worker.backends.base import FP32, REDUCED, Backend
+from worker.backends.loader import load_backend
+from worker.backends.reduced import BF16_FLAGS
 from worker.cpus import cpu_flags
-from worker.reduced_torch import BF16_FLAGS
 from worker.scorer import Scorer
 from worker.settings import WorkerSettings
 
@@ -173,7 +164,7 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
     """The gate table: the reference's row first, then one row per backend (a backend that cannot load
     on this machine gets a failed row saying why)."""
     texts = list(gate_texts() if texts is None else texts)
-    reference = load_backend(settings.model_copy(update={"backend": "torch"}))
+    reference = load_backend("torch", settings)
     ref_scores, ref_rate = score(reference, texts, settings)
     rows = [reference_row(reference, texts, ref_scores, ref_rate)]
     labels = list(reference.labels)
@@ -185,7 +176,7 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
             rows.append(_failed(name, precision, len(texts), budget_for(precision), "this CPU has no bf16 units"))
             continue
         try:
-            backend = load_backend(settings.model_copy(update={"backend": name}))
+            backend = load_backend(name, settings)
         except Exception as exc:
             rows.append(_failed(name, precision, len(texts), budget_for(precision), f"cannot load: {exc}"))
             continue
@@ -215,46 +206,3 @@ def format_table(rows: Sequence[GateRow]) -> str:
                      f"{row.flips} ({row.flip_fraction:.1%}) | {row.budget_max_abs:g} / {row.budget_flip_fraction:.0%} "
                      f"| {gate} | {row.texts_per_s:.1f} | {ratio} | {row.load_seconds:.2f} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--texts", type=int, default=DEFAULT_TEXTS, help=f"corpus size (default {DEFAULT_TEXTS})")
-    parser.add_argument("--backends", default=",".join(CANDIDATES), help="comma-separated backends to gate")
-    parser.add_argument("--require", default="", help="comma-separated backends that must pass (exit 1 otherwise)")
-    parser.add_argument("--write-decision", action="store_true",
-                        help="record the table and the fastest passing backend for TOXFLEET_BACKEND=auto")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    args = parser.parse_args(argv)
-    settings = WorkerSettings()
-    backends = [b for b in args.backends.split(",") if b and b != "torch"]
-    required = [b for b in args.require.split(",") if b]
-    if args.write_decision or any(b.startswith("onnx") for b in backends):
-        from worker.export import ensure_export
-
-        ensure_export(settings)
-    rows = run_gate(settings, backends, gate_texts(args.texts))
-    print(format_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    status = 0
-    if not rows[0].passed:
-        print("fidelity: the reference's padded passes differ from unpadded scoring", file=sys.stderr)
-        status = 1
-    for name in required:
-        if not any(r.backend == name and r.passed for r in rows):
-            print(f"fidelity: required backend {name} did not pass", file=sys.stderr)
-            status = 1
-    if args.write_decision:
-        from worker.export import export_location
-        from worker.selection import Decision
-
-        directory, sha = export_location(settings)
-        decision = Decision(checkpoint_sha256=sha, chosen=choose(rows), rows=[asdict(r) for r in rows],
-                            threads=settings.torch_threads, texts=args.texts)
-        print(f"auto -> {decision.chosen} (written to {decision.write(directory)})")
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,7 @@ purpose, because a circulating ONNX recipe for Detoxify gets both wrong:
 - **the attention mask is fed**: padded batches are scored as if each text were alone;
 - the tokenizer Detoxify loads (saved into the export) and its label order (from the checkpoint).
 
-The fidelity gate (`worker.fidelity`) holds it to the torch reference on padded batches.
+The fidelity gate (`worker.gate.fidelity`) holds it to the torch reference on padded batches.
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ from typing import Any
 import numpy as np
 
 from toxfleet.contract import MODEL_MAX_TOKENS
-from worker.backend import FP32, REDUCED, Backend
-from worker.export import FP32_MODEL, INT8_MODEL, TOKENIZER_DIR, Manifest, export_location, verify_export
+from worker.backends.base import FP32, REDUCED, Backend
+from worker.exports.artifacts import (
+    FP32_MODEL,
+    INT8_MODEL,
+    TOKENIZER_DIR,
+    Manifest,
+    export_location,
+    verify_export,
+)
 from worker.settings import WorkerSettings
 
 
@@ -48,6 +55,7 @@ class OnnxBackend(Backend):
     def __init__(self, directory: Path, manifest: Manifest, model_file: str | Path, threads: int,
                  name: str | None = None, precision: str | None = None) -> None:
         """`model_file` is relative to the export `directory` (or absolute, for benchmark variants)."""
+        # Heavy runtimes, imported when a session is built (never by the main process, which only resolves).
         import onnxruntime as ort
         import transformers
 

@@ -1,0 +1,42 @@
+"""Build a backend by name, in this process.
+
+The name is already resolved: `auto` is decided above this, by `worker.gate.selection`, so that
+loading a backend never depends on the gate. Nothing is exported or measured here: ONNX backends
+load what `python -m worker.export` built and refuse, with the command to run, an export that is
+missing, stale or corrupt.
+"""
+
+from __future__ import annotations
+
+import time
+
+from worker.backends.base import Backend
+from worker.backends.onnx import load_onnx_backend
+from worker.backends.reduced import TorchBf16Backend, TorchInt8Backend
+from worker.backends.torch import TorchBackend
+from worker.settings import WorkerSettings
+from worker.weights import load_detoxify
+
+TORCH_BACKENDS: dict[str, type[TorchBackend]] = {
+    "torch": TorchBackend, "torch-int8": TorchInt8Backend, "torch-bf16": TorchBf16Backend}
+"""Backends built on the model Detoxify loads."""
+
+
+def load_backend(name: str, settings: WorkerSettings) -> Backend:
+    """Build backend `name` (a TOXFLEET_BACKEND value other than `auto`) for these settings."""
+    started = time.perf_counter()
+    backend: Backend
+    if name in ("onnx", "onnx-int8"):
+        # No torch import on this path: an image without torch can run it.
+        backend = load_onnx_backend(settings, int8=name == "onnx-int8")
+    elif name in TORCH_BACKENDS:
+        import torch  # heavy, and absent from ONNX-only images: only on the torch backends' path
+
+        torch.set_num_threads(settings.torch_threads)
+        backend = TORCH_BACKENDS[name](load_detoxify(settings), settings.model_identity)
+    elif name == "auto":
+        raise ValueError("TOXFLEET_BACKEND=auto must be resolved first (worker.gate.selection.resolve_backend)")
+    else:
+        raise ValueError(f"unknown TOXFLEET_BACKEND={name!r}")
+    backend.load_seconds = time.perf_counter() - started
+    return backend

@@ -1,0 +1,42 @@
+"""The reference backend: Detoxify's own torch model in fp32 (its weights: `worker.weights`).
+
+torch is imported when the backend is built, in the pool process that runs it, never at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from toxfleet.contract import MODEL_MAX_TOKENS
+from worker.backends.base import Backend
+
+
+class TorchBackend(Backend):
+    """The reference: exactly the model and tokenizer `detoxify.Detoxify` loads, in fp32."""
+
+    name = "torch"
+
+    def __init__(self, detoxify: Any, identity: str) -> None:
+        import torch  # heavy, and absent from ONNX-only images: imported when this backend is built
+
+        self._torch = torch
+        self._model = detoxify.model.eval()
+        self._tokenizer = detoxify.tokenizer
+        self.labels = list(detoxify.class_names)
+        self.identity = identity
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        # max_length explicitly: a tokenizer saved without model_max_length would not truncate,
+        # and a text over 512 tokens would crash the position embeddings.
+        ids: list[list[int]] = self._tokenizer(list(texts), truncation=True, max_length=MODEL_MAX_TOKENS)["input_ids"]
+        return ids
+
+    def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        torch = self._torch
+        inputs = self._tokenizer.pad({"input_ids": [list(s) for s in batch]}, return_tensors="pt")
+        with torch.inference_mode():
+            logits = self._model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])[0]
+            probs = torch.sigmoid(logits[:, : len(self.labels)])
+        out: list[list[float]] = probs.tolist()
+        return out

@@ -1,0 +1,158 @@
+"""Ahead-of-time ONNX exports as a worker reads them: where they live, what their manifest says, and
+whether they may be used.
+
+Workers never export: they load what `python -m worker.export` built (`worker.exports.build`), and
+refuse an export that is missing, stale (another export format, checkpoint, onnxruntime or
+transformers version) or corrupt (a file whose sha256 differs from the manifest) with one line naming
+the command to run. Nothing here imports torch or ONNX Runtime.
+
+Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
+
+    exports/<checkpoint sha256>/manifest.json    hashes, versions, opset, labels, int8 recipe
+                               model.onnx        fp32, constant-folded, transformer ops fused
+                               model-int8.onnx   dynamic int8 (QOperator MatMulInteger) of model.onnx
+                               tokenizer/        Detoxify's tokenizer, saved, so no hub and no torch at run time
+                               decision.json     the fidelity gate's table and the backend `auto` picks
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from worker.settings import WorkerSettings
+from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
+
+EXPORT_FORMAT = 1
+"""Version of this layout and recipe; an export of another format is stale."""
+
+MANIFEST_FILE = "manifest.json"
+FP32_MODEL = "model.onnx"
+INT8_MODEL = "model-int8.onnx"
+TOKENIZER_DIR = "tokenizer"
+DECISION_FILE = "decision.json"
+
+RUNTIME_PINNED = ("onnxruntime", "transformers")
+"""Packages a worker must run at the exported version: onnxruntime produced the fused and quantized
+graphs and its kernels are what the gate measured; transformers saved and loads the tokenizer."""
+
+REBUILD_HINT = "run `python -m worker.export` with the same TOXFLEET_* settings to rebuild it"
+
+
+class ExportError(RuntimeError):
+    """An export a worker must not use; the message says why and what to run."""
+
+
+@dataclass
+class Manifest:
+    """What an export was built from and with; workers compare it with what they run."""
+
+    format: int
+    checkpoint_sha256: str
+    checkpoint: str
+    identity: str
+    labels: list[str]
+    num_outputs: int
+    tokenizer_class: str
+    max_tokens: int
+    opset: int
+    exporter: str
+    fusions: dict[str, int]
+    int8: dict[str, Any]
+    versions: dict[str, str | None]
+    files: dict[str, str]
+    cpu: str
+    kernel_signature: str
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        data = json.loads(text)
+        return cls(**data)
+
+
+def installed_version(dist: str) -> str | None:
+    """A package's installed version without importing it (None if absent)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_file(settings: WorkerSettings) -> Path:
+    """The file Detoxify loads: TOXFLEET_CHECKPOINT, or the torch hub cache file of TOXFLEET_MODEL."""
+    if settings.checkpoint is not None:
+        return settings.checkpoint.resolve()
+    url = DETOXIFY_URLS.get(settings.model)
+    if url is None:
+        raise ExportError(f"unknown TOXFLEET_MODEL={settings.model!r}")
+    path = torch_hub_checkpoint(url)
+    if not path.is_file():
+        raise ExportError(f"no weights for {settings.model!r} at {path}; run a worker once (it downloads them) "
+                          "or set TOXFLEET_CHECKPOINT")
+    return path
+
+
+def export_root(settings: WorkerSettings, checkpoint: Path) -> Path:
+    return settings.export_dir.resolve() if settings.export_dir is not None else checkpoint.parent / "exports"
+
+
+def export_location(settings: WorkerSettings) -> tuple[Path, str]:
+    """(directory of this checkpoint's export, checkpoint sha256); hashes the checkpoint once."""
+    checkpoint = checkpoint_file(settings)
+    sha = sha256_file(checkpoint)
+    return export_root(settings, checkpoint) / sha, sha
+
+
+def read_manifest(directory: Path) -> Manifest:
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        raise ExportError(f"no export at {directory}; {REBUILD_HINT}")
+    try:
+        return Manifest.from_json(path.read_text())
+    except (ValueError, TypeError) as exc:
+        raise ExportError(f"corrupt manifest {path} ({exc}); {REBUILD_HINT}") from None
+
+
+def verify_export(directory: Path, checkpoint_sha: str, files: Sequence[str] | None = None) -> Manifest:
+    """The manifest, if the export in `directory` is current and `files` (default: all it lists) are
+    intact; else ExportError."""
+    manifest = read_manifest(directory)
+    if manifest.format != EXPORT_FORMAT:
+        raise ExportError(f"stale export at {directory}: format {manifest.format}, this worker reads "
+                          f"{EXPORT_FORMAT}; {REBUILD_HINT}")
+    if manifest.checkpoint_sha256 != checkpoint_sha:
+        raise ExportError(f"stale export at {directory}: made from checkpoint sha256 "
+                          f"{manifest.checkpoint_sha256[:12]}, the checkpoint is {checkpoint_sha[:12]}; {REBUILD_HINT}")
+    for dist in RUNTIME_PINNED:
+        have, made = installed_version(dist), manifest.versions.get(dist)
+        if have is not None and have != made:
+            raise ExportError(f"stale export at {directory}: made with {dist} {made}, this worker has {have}; "
+                              f"{REBUILD_HINT}")
+    for name in sorted(manifest.files) if files is None else files:
+        expected = manifest.files.get(name)
+        path = directory / name
+        if expected is None:
+            raise ExportError(f"export at {directory} lists no {name}; {REBUILD_HINT}")
+        if not path.is_file():
+            raise ExportError(f"export at {directory} lacks {name}; {REBUILD_HINT}")
+        if sha256_file(path) != expected:
+            raise ExportError(f"corrupt export: {path} does not match its sha256 in the manifest; {REBUILD_HINT}")
+    return manifest

@@ -1,0 +1,60 @@
+"""The fidelity gate: every backend against the torch fp32 reference, on a fixed corpus
+(`worker.gate.fidelity` says what is measured and the budgets).
+
+**Random weights are not trained weights.** The synthetic checkpoints (`tools.synthetic`) have
+nearly constant features that a large classifier spreads over (0, 1), so they amplify any rounding:
+quantized backends fail on them by a wide margin. A trained checkpoint has different error
+statistics; gate the real one:
+
+    TOXFLEET_CHECKPOINT=real.ckpt TOXFLEET_HF_CONFIG=hf/ python -m worker.gate --write-decision
+    python -m worker.gate --require onnx          # exit 1 unless `onnx` passes (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from worker.exports.artifacts import export_location
+from worker.exports.build import ensure_export
+from worker.gate.decision import Decision
+from worker.gate.fidelity import CANDIDATES, DEFAULT_TEXTS, choose, format_table, gate_texts, run_gate
+from worker.settings import WorkerSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.gate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--texts", type=int, default=DEFAULT_TEXTS, help=f"corpus size (default {DEFAULT_TEXTS})")
+    parser.add_argument("--backends", default=",".join(CANDIDATES), help="comma-separated backends to gate")
+    parser.add_argument("--require", default="", help="comma-separated backends that must pass (exit 1 otherwise)")
+    parser.add_argument("--write-decision", action="store_true",
+                        help="record the table and the fastest passing backend for TOXFLEET_BACKEND=auto")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    settings = WorkerSettings()
+    backends = [b for b in args.backends.split(",") if b and b != "torch"]
+    required = [b for b in args.require.split(",") if b]
+    if args.write_decision or any(b.startswith("onnx") for b in backends):
+        ensure_export(settings)
+    rows = run_gate(settings, backends, gate_texts(args.texts))
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    status = 0
+    if not rows[0].passed:
+        print("fidelity: the reference's padded passes differ from unpadded scoring", file=sys.stderr)
+        status = 1
+    for name in required:
+        if not any(r.backend == name and r.passed for r in rows):
+            print(f"fidelity: required backend {name} did not pass", file=sys.stderr)
+            status = 1
+    if args.write_decision:
+        directory, sha = export_location(settings)
+        decision = Decision(checkpoint_sha256=sha, chosen=choose(rows), rows=[asdict(r) for r in rows],
+                            threads=settings.torch_threads, texts=args.texts)
+        print(f"auto -> {decision.chosen} (written to {decision.write(directory)})")
+    return status
