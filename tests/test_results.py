@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from worker.results import LEASE_PREFIX, Outcome, ResultStore
+from toxfleet.keys import LEASE_PREFIX
+from worker.results import Outcome, ResultStore
 
 
 @pytest.fixture
