@@ -201,7 +201,7 @@ def idle_queue(redis_server: RedisServer, session_tmp: Path) -> Iterator[dict[st
 
 
 def _publish_once(redis_url: str, service: str = "toxfleet-worker") -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "worker.backlog", "--once", "--redis-url", redis_url,
+    out = subprocess.run([sys.executable, "-m", "tools.backlog", "--once", "--redis-url", redis_url,
                           "--service", service], cwd=ROOT, env=base_env(redis_url, None), capture_output=True,
                          text=True, timeout=30, check=True)
     lines = out.stdout.splitlines()
