@@ -11,23 +11,7 @@ from typing import Any
 
 import httpx
 
-from toxfleet.client.protocol import (
-    DEFAULT_IN_FLIGHT,
-    DEFAULT_JOB_SIZE,
-    DEFAULT_POLL_WAIT,
-    DEFAULT_RETRY_FOR,
-    DEFAULT_TIMEOUT,
-    default_headers,
-    early_pause,
-    parse_job,
-    problem_of,
-    remaining,
-    retry_delay,
-    settled,
-    split,
-    status_call,
-    submit_body,
-)
+import toxfleet.client.protocol as protocol
 from toxfleet.client.results import BatchOutcome, InvalidRequest, JobFailed, JobStatus, Result
 
 
@@ -49,12 +33,12 @@ class AsyncJob:
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
-            hold = max(0.0, min(self.client.poll_wait, remaining(deadline)))
+            hold = max(0.0, min(self.client.poll_wait, protocol.remaining(deadline)))
             started = time.monotonic()
             status = await self.client.job_status(self.id, wait=hold)
-            if settled(status, deadline, timeout):
+            if protocol.settled(status, deadline, timeout):
                 return status
-            if (pause := early_pause(started, hold, attempt, deadline)) is not None:
+            if (pause := protocol.early_pause(started, hold, attempt, deadline)) is not None:
                 await asyncio.sleep(pause)
                 attempt += 1
 
@@ -62,10 +46,10 @@ class AsyncJob:
 class AsyncClient:
     """asyncio client, same methods as `Client` as coroutines. Use `async with`, or `await aclose()`."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 poll_wait: float = DEFAULT_POLL_WAIT, retry_for: float = DEFAULT_RETRY_FOR,
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = protocol.DEFAULT_TIMEOUT,
+                 poll_wait: float = protocol.DEFAULT_POLL_WAIT, retry_for: float = protocol.DEFAULT_RETRY_FOR,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        headers = default_headers(api_key)
+        headers = protocol.default_headers(api_key)
         self.poll_wait = poll_wait
         self.retry_for = retry_for
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
@@ -87,18 +71,19 @@ class AsyncClient:
             response: httpx.Response | None = None
             try:
                 response = await self._http.request(method, url, **kwargs)
-                problem = problem_of(response)
+                problem = protocol.problem_of(response)
                 if problem is None:
                     return response
             except httpx.TransportError as exc:
                 problem = exc
-            await asyncio.sleep(retry_delay(attempt, response, problem, deadline, f"{method} {url}", self.retry_for))
+            await asyncio.sleep(protocol.retry_delay(attempt, response, problem, deadline, f"{method} {url}",
+                                                     self.retry_for))
             attempt += 1
 
     async def submit(self, texts: Sequence[str], *, long_text: str | None = None,
                      thresholds: float | Mapping[str, float] | None = None) -> AsyncJob:
         """Enqueue texts for scoring; see `Client.submit`."""
-        body = submit_body(texts, long_text, thresholds)
+        body = protocol.submit_body(texts, long_text, thresholds)
         response = await self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
         return AsyncJob(self, response.json()["id"])
 
@@ -106,8 +91,8 @@ class AsyncClient:
         return AsyncJob(self, job_id)
 
     async def job_status(self, job_id: str, wait: float = 0.0) -> JobStatus:
-        url, options = status_call(job_id, wait, self._http.timeout)
-        return parse_job((await self._request("GET", url, **options)).json())
+        url, options = protocol.status_call(job_id, wait, self._http.timeout)
+        return protocol.parse_job((await self._request("GET", url, **options)).json())
 
     async def _one(self, texts: list[str], long_text: str | None, thresholds: float | Mapping[str, float] | None,
                    timeout: float | None) -> BatchOutcome:
@@ -121,7 +106,7 @@ class AsyncClient:
 
     async def score_batches(self, batches: Iterable[Sequence[str]], *, long_text: str | None = None,
                             thresholds: float | Mapping[str, float] | None = None,
-                            in_flight: int = DEFAULT_IN_FLIGHT,
+                            in_flight: int = protocol.DEFAULT_IN_FLIGHT,
                             timeout: float | None = None) -> AsyncIterator[BatchOutcome]:
         """Score batches with up to `in_flight` jobs running concurrently; yields outcomes in order."""
         window: deque[asyncio.Task[BatchOutcome]] = deque()
@@ -138,11 +123,12 @@ class AsyncClient:
                 task.cancel()
 
     async def score(self, texts: Sequence[str], *, long_text: str | None = None,
-                    thresholds: float | Mapping[str, float] | None = None, job_size: int = DEFAULT_JOB_SIZE,
-                    in_flight: int = DEFAULT_IN_FLIGHT, timeout: float | None = None) -> list[Result]:
+                    thresholds: float | Mapping[str, float] | None = None, job_size: int = protocol.DEFAULT_JOB_SIZE,
+                    in_flight: int = protocol.DEFAULT_IN_FLIGHT, timeout: float | None = None) -> list[Result]:
         """Score any number of texts; see `Client.score`."""
         out: list[Result] = []
-        async for outcome in self.score_batches(split(texts, job_size), long_text=long_text, thresholds=thresholds,
+        batches = protocol.split(texts, job_size)
+        async for outcome in self.score_batches(batches, long_text=long_text, thresholds=thresholds,
                                                 in_flight=in_flight, timeout=timeout):
             if outcome.error is not None:
                 raise outcome.error

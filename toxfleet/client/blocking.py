@@ -10,23 +10,7 @@ from typing import Any
 
 import httpx
 
-from toxfleet.client.protocol import (
-    DEFAULT_IN_FLIGHT,
-    DEFAULT_JOB_SIZE,
-    DEFAULT_POLL_WAIT,
-    DEFAULT_RETRY_FOR,
-    DEFAULT_TIMEOUT,
-    default_headers,
-    early_pause,
-    parse_job,
-    problem_of,
-    remaining,
-    retry_delay,
-    settled,
-    split,
-    status_call,
-    submit_body,
-)
+import toxfleet.client.protocol as protocol
 from toxfleet.client.results import BatchOutcome, InvalidRequest, JobFailed, JobStatus, Result, ToxfleetError
 
 
@@ -48,12 +32,12 @@ class Job:
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
-            hold = max(0.0, min(self.client.poll_wait, remaining(deadline)))
+            hold = max(0.0, min(self.client.poll_wait, protocol.remaining(deadline)))
             started = time.monotonic()
             status = self.client.job_status(self.id, wait=hold)
-            if settled(status, deadline, timeout):
+            if protocol.settled(status, deadline, timeout):
                 return status
-            if (pause := early_pause(started, hold, attempt, deadline)) is not None:
+            if (pause := protocol.early_pause(started, hold, attempt, deadline)) is not None:
                 time.sleep(pause)
                 attempt += 1
 
@@ -61,10 +45,10 @@ class Job:
 class Client:
     """Blocking client. Use as a context manager, or call `close()`."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 poll_wait: float = DEFAULT_POLL_WAIT, retry_for: float = DEFAULT_RETRY_FOR,
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = protocol.DEFAULT_TIMEOUT,
+                 poll_wait: float = protocol.DEFAULT_POLL_WAIT, retry_for: float = protocol.DEFAULT_RETRY_FOR,
                  transport: httpx.BaseTransport | None = None) -> None:
-        headers = default_headers(api_key)
+        headers = protocol.default_headers(api_key)
         self.poll_wait = poll_wait
         self.retry_for = retry_for
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
@@ -86,19 +70,20 @@ class Client:
             response: httpx.Response | None = None
             try:
                 response = self._http.request(method, url, **kwargs)
-                problem = problem_of(response)
+                problem = protocol.problem_of(response)
                 if problem is None:
                     return response
             except httpx.TransportError as exc:
                 problem = exc
-            time.sleep(retry_delay(attempt, response, problem, deadline, f"{method} {url}", self.retry_for))
+            time.sleep(protocol.retry_delay(attempt, response, problem, deadline, f"{method} {url}",
+                                            self.retry_for))
             attempt += 1
 
     def submit(self, texts: Sequence[str], *, long_text: str | None = None,
                thresholds: float | Mapping[str, float] | None = None) -> Job:
         """Enqueue texts for scoring (at most the server's `max_texts`); returns at once.
         `long_text`: "truncate" (default) or "windows"; `thresholds`: one probability, or {label: p}."""
-        body = submit_body(texts, long_text, thresholds)
+        body = protocol.submit_body(texts, long_text, thresholds)
         response = self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
         return Job(self, response.json()["id"])
 
@@ -107,11 +92,12 @@ class Client:
         return Job(self, job_id)
 
     def job_status(self, job_id: str, wait: float = 0.0) -> JobStatus:
-        url, options = status_call(job_id, wait, self._http.timeout)
-        return parse_job(self._request("GET", url, **options).json())
+        url, options = protocol.status_call(job_id, wait, self._http.timeout)
+        return protocol.parse_job(self._request("GET", url, **options).json())
 
     def score_batches(self, batches: Iterable[Sequence[str]], *, long_text: str | None = None,
-                      thresholds: float | Mapping[str, float] | None = None, in_flight: int = DEFAULT_IN_FLIGHT,
+                      thresholds: float | Mapping[str, float] | None = None,
+                      in_flight: int = protocol.DEFAULT_IN_FLIGHT,
                       timeout: float | None = None) -> Iterator[BatchOutcome]:
         """Score batches (one job each) with up to `in_flight` jobs submitted at once; yields one
         outcome per batch, in order, as soon as it and all before it are done. A batch whose job fails
@@ -145,12 +131,13 @@ class Client:
                     yield BatchOutcome(texts, None, exc)
 
     def score(self, texts: Sequence[str], *, long_text: str | None = None,
-              thresholds: float | Mapping[str, float] | None = None, job_size: int = DEFAULT_JOB_SIZE,
-              in_flight: int = DEFAULT_IN_FLIGHT, timeout: float | None = None) -> list[Result]:
+              thresholds: float | Mapping[str, float] | None = None, job_size: int = protocol.DEFAULT_JOB_SIZE,
+              in_flight: int = protocol.DEFAULT_IN_FLIGHT, timeout: float | None = None) -> list[Result]:
         """Score any number of texts: split into jobs, several in flight, results in input order.
         Raises the first failure (JobFailed, InvalidRequest, ...)."""
         out: list[Result] = []
-        for outcome in self.score_batches(split(texts, job_size), long_text=long_text, thresholds=thresholds,
+        batches = protocol.split(texts, job_size)
+        for outcome in self.score_batches(batches, long_text=long_text, thresholds=thresholds,
                                           in_flight=in_flight, timeout=timeout):
             if outcome.error is not None:
                 raise outcome.error

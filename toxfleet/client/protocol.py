@@ -11,18 +11,8 @@ from typing import Any
 
 import httpx
 
+import toxfleet.client.results as answers
 from toxfleet.chunking import split as _split
-from toxfleet.client.results import (
-    APIError,
-    InvalidRequest,
-    JobFailed,
-    JobNotFound,
-    JobStatus,
-    JobTimeout,
-    Result,
-    Unauthorized,
-    Unavailable,
-)
 
 DEFAULT_TIMEOUT = 10.0
 """Seconds for connecting and for a plain request (a long-poll gets its wait on top)."""
@@ -55,13 +45,13 @@ def retry_after(response: httpx.Response) -> float | None:
         return None  # an HTTP date: not sent by toxfleet; fall back to backoff
 
 
-def error_of(response: httpx.Response) -> APIError:
+def error_of(response: httpx.Response) -> answers.APIError:
     try:
         detail = response.json().get("detail", response.text)
     except ValueError:
         detail = response.text
-    kind = {401: Unauthorized, 404: JobNotFound, 400: InvalidRequest, 413: InvalidRequest,
-            422: InvalidRequest}.get(response.status_code, APIError)
+    kind = {401: answers.Unauthorized, 404: answers.JobNotFound, 400: answers.InvalidRequest,
+            413: answers.InvalidRequest, 422: answers.InvalidRequest}.get(response.status_code, answers.APIError)
     return kind(response.status_code, detail, retry_after(response))
 
 
@@ -73,14 +63,14 @@ def backoff_delay(attempt: int, response: httpx.Response | None) -> float:
     return random.uniform(0.5, 1.0) * backoff
 
 
-def parse_job(body: Mapping[str, Any]) -> JobStatus:
+def parse_job(body: Mapping[str, Any]) -> answers.JobStatus:
     results = None
     if body.get("results") is not None:
         flags = body.get("flags") or [None] * len(body["results"])
-        results = [Result(dict(scores), f["flagged"] if f else None, dict(f["labels"]) if f else None)
+        results = [answers.Result(dict(scores), f["flagged"] if f else None, dict(f["labels"]) if f else None)
                    for scores, f in zip(body["results"], flags, strict=True)]
     progress = body.get("progress") or {}
-    return JobStatus(id=body["id"], status=body["status"], done=int(progress.get("done", 0)),
+    return answers.JobStatus(id=body["id"], status=body["status"], done=int(progress.get("done", 0)),
                      total=int(progress.get("total", 0)), results=results, model=body.get("model"),
                      error=body.get("error"), cache_hits=int(body.get("cache_hits") or 0))
 
@@ -122,7 +112,7 @@ def retry_delay(attempt: int, response: httpx.Response | None, problem: Exceptio
     """Seconds before the next try, or Unavailable when waiting them would pass the retry deadline."""
     delay = backoff_delay(attempt, response)
     if time.monotonic() + delay > deadline:
-        raise Unavailable(f"{what}: gave up after {retry_for:g}s: {problem}") from problem
+        raise answers.Unavailable(f"{what}: gave up after {retry_for:g}s: {problem}") from problem
     return delay
 
 
@@ -133,14 +123,14 @@ def status_call(job_id: str, wait: float, timeout: httpx.Timeout) -> tuple[str, 
         timeout.connect, read=(timeout.read or DEFAULT_TIMEOUT) + wait)}
 
 
-def settled(status: JobStatus, deadline: float | None, timeout: float | None) -> bool:
+def settled(status: answers.JobStatus, deadline: float | None, timeout: float | None) -> bool:
     """True once the job succeeded; JobFailed, or JobTimeout past the deadline; else False."""
     if status.status == "failed":
-        raise JobFailed(status)
+        raise answers.JobFailed(status)
     if status.finished:
         return True
     if remaining(deadline) <= 0:
-        raise JobTimeout(status, timeout or 0.0)
+        raise answers.JobTimeout(status, timeout or 0.0)
     return False
 
 
