@@ -27,11 +27,11 @@ from typing import Any
 
 import httpx
 
+from cli import table
+from cli.progress import Progress
 from cli.scoring import Scored, batched, local, remote
-from toxfleet import table
 from toxfleet.client import DEFAULT_IN_FLIGHT, DEFAULT_JOB_CHARS, Client, ToxfleetError
 from toxfleet.contract import LABELS, LONG_TEXT_MODES, TRUNCATE
-from toxfleet.progress import Progress
 from toxfleet.thresholds import Thresholds
 
 DEFAULT_URL = "http://127.0.0.1:8000"

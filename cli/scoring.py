@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toxfleet import table
+from cli import table
 from toxfleet.chunking import split
 from toxfleet.client import Client, InvalidRequest, ToxfleetError
 from toxfleet.thresholds import Thresholds
