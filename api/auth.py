@@ -12,14 +12,13 @@ import hmac
 import time
 from typing import Annotated
 
+import redis.asyncio as aioredis
 from fastapi import Depends, Header, Request
 from redis.exceptions import RedisError
 
-from api.deps import JobsDep, SettingsDep
+from api.deps import RedisDep, SettingsDep
 from api.errors import BrokerUnavailable, RateLimited, Unauthorized
-
-RATE_KEY_PREFIX = "toxfleet:rate:"
-"""Redis key prefix of the per-key, per-second request counters."""
+from toxfleet.keys import rate_key
 
 
 def key_id(key: str) -> str:
@@ -27,10 +26,19 @@ def key_id(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+async def count_request(redis: aioredis.Redis, window: str) -> int:
+    """Count a request in a rate-limit window key (expires with the window)."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.incr(window)
+        pipe.expire(window, 2)
+        count, _ = await pipe.execute()
+    return int(count)
+
+
 async def require_key(
     request: Request,
     settings: SettingsDep,
-    jobs: JobsDep,
+    redis: RedisDep,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> str | None:
     """The caller's key id when keys are configured; 401 without a valid key, 429 over the limit."""
@@ -42,9 +50,8 @@ async def require_key(
         raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
     ident = key_id(token)
     if settings.rate_limit:
-        window = f"{RATE_KEY_PREFIX}{ident}:{int(time.time())}"
         try:
-            count = await jobs.incr_window(window)
+            count = await count_request(redis, rate_key(ident, int(time.time())))
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
         if count > settings.rate_limit:

@@ -8,9 +8,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import bodylimit, errors
-from api.jobs import make_service
 from api.metrics import MetricsMiddleware
 from api.routes import compat, health, jobs, metrics
+from api.services.wiring import make_services
 from api.settings import ApiSettings, get_settings
 from toxfleet import logs
 
@@ -24,11 +24,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.jobs = make_service(settings)
+        app.state.services = make_services(settings)
         try:
             yield
         finally:
-            await app.state.jobs.close()
+            await app.state.services.close()
 
     app = FastAPI(title="toxfleet", version="0.1.0", lifespan=lifespan,
                   description="Toxicity scoring with Detoxify on a batched Celery worker fleet. "

@@ -15,11 +15,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from toxfleet.contract import LATENCY_BUCKETS
+from toxfleet.queue import Backlog
+
 UNMATCHED_ROUTE = "unmatched"
 """Route label of requests that matched no route (404s for unknown paths)."""
-
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-"""Seconds; up to the longest long-poll (`?wait=`), which a request's latency includes."""
 
 REQUESTS = Counter("toxfleet_http_requests", "HTTP requests answered, by route template, method and status.",
                    ["route", "method", "status"])
@@ -95,10 +95,10 @@ def set_cache_entries(entries: int | None) -> None:
     CACHE_ENTRIES.set(float("nan") if entries is None else entries)
 
 
-def set_queue(depth: int, unacked: int, workers: int) -> None:
-    QUEUE_DEPTH.set(depth)
-    QUEUE_UNACKED.set(unacked)
-    WORKERS.set(workers)
+def set_queue(backlog: Backlog) -> None:
+    QUEUE_DEPTH.set(backlog.queued)
+    QUEUE_UNACKED.set(backlog.unacked)
+    WORKERS.set(backlog.workers)
     BROKER_UP.set(1)
 
 

@@ -13,9 +13,8 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import contract
+from toxfleet.keys import DEFAULT_REDIS_URL
 from toxfleet.thresholds import DEFAULT_THRESHOLD, Thresholds, check_labels
-
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class ApiSettings(BaseSettings):

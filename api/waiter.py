@@ -21,10 +21,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-logger = logging.getLogger(__name__)
+from toxfleet.keys import WAITER_CHANNEL
 
-KEEPALIVE_CHANNEL = b"toxfleet:api:waiter"
-"""Always subscribed, so the listener always has a connection to read (nothing is published on it)."""
+logger = logging.getLogger(__name__)
 
 RESYNC = None
 """Put on a waiter's queue after a reconnect: messages may have been missed, read the state again."""
@@ -47,7 +46,7 @@ class ResultWaiter:
     async def _start(self) -> None:
         if self._listener is None or self._listener.done():
             self._pubsub = self._redis.pubsub()
-            await self._pubsub.subscribe(KEEPALIVE_CHANNEL)
+            await self._pubsub.subscribe(WAITER_CHANNEL)
             self._listener = asyncio.create_task(self._listen(), name="toxfleet-result-waiter")
 
     async def close(self) -> None:

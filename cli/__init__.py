@@ -1,1 +1,2 @@
-"""The `toxfleet` command: scoring files through a fleet (or locally), on top of the shared client."""
+"""The `toxfleet` command (`cli.main:main`): bulk-score a JSONL or CSV file against a fleet, or
+in-process with `--local` (the worker tier, loaded only then)."""

@@ -1,1 +1,1 @@
-"""Developer tools, run as `python -m tools.<name>` from the repository root: synthetic checkpoints, the backlog publisher."""
+"""Developer and operations tools run with `python -m tools.<name>` (not imported by the tiers)."""

@@ -31,8 +31,9 @@ import redis
 import redis.asyncio as aioredis
 
 from toxfleet.contract import WINDOW_OVERLAP_TOKENS, WINDOWS
+from toxfleet.keys import CACHE_PREFIX
 
-PREFIX = "toxfleet:cache:"
+PREFIX = CACHE_PREFIX
 ENTRY_PREFIX = PREFIX + "e:"
 """Redis key prefix of cache entries (JSON `{label: probability}`)."""
 INDEX_KEY = PREFIX + "index"

@@ -18,6 +18,17 @@ Task `toxfleet.score`
 
 from __future__ import annotations
 
+from toxfleet.chunking import split
+
+# Transitional re-exports: the Redis keys live in `toxfleet.keys`; these names stay only until
+# worker/tasks.py and the worker's heartbeat read them from there (dropped at the merge).
+from toxfleet.keys import HEARTBEAT_STALE_SECONDS as HEARTBEAT_STALE_SECONDS
+from toxfleet.keys import PENDING_ARGS_KEY as PENDING_ARGS_KEY
+from toxfleet.keys import PENDING_KEY as PENDING_KEY
+from toxfleet.keys import UNACKED_KEY as UNACKED_KEY
+from toxfleet.keys import WORKER_INFO_PREFIX as WORKER_INFO_PREFIX
+from toxfleet.keys import WORKERS_KEY as WORKERS_KEY
+
 SCORE_TASK = "toxfleet.score"
 """Name of the scoring task; callers use `app.send_task(SCORE_TASK, args=[texts])`."""
 
@@ -58,6 +69,10 @@ WINDOW_OVERLAP_TOKENS = 128
 window boundary is still read whole by one window. Fixed here (not a setting) because it is part of
 what a windowed score means, and so of the score cache's key."""
 
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+"""Histogram buckets (seconds) of every latency both tiers export (HTTP requests, queue wait,
+inference), so that one dashboard compares their quantiles on the same edges."""
+
 LABELS = ("toxicity", "severe_toxicity", "obscene", "identity_attack", "insult", "threat", "sexual_explicit")
 """Every label a Detoxify model returns (`original` returns the first six, `unbiased` and
 `multilingual` all seven); thresholds may only name these."""
@@ -88,19 +103,7 @@ def chunk(texts: list[str], max_tokens: int = CHUNK_TOKENS, max_texts: int = CHU
           long_text: str = TRUNCATE) -> list[list[str]]:
     """Split a job's texts into task messages, in order, each within both budgets (a single text
     over the token budget still forms a chunk of its own)."""
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    tokens = 0
-    for text in texts:
-        cost = estimate_tokens(text, long_text)
-        if current and (tokens + cost > max_tokens or len(current) >= max_texts):
-            chunks.append(current)
-            current, tokens = [], 0
-        current.append(text)
-        tokens += cost
-    if current:
-        chunks.append(current)
-    return chunks
+    return list(split(texts, lambda text: estimate_tokens(text, long_text), max_tokens, max_texts))
 
 
 def chunk_task_id(job_id: str, index: int) -> str:
@@ -117,25 +120,3 @@ def job_of(task_id: str) -> str:
 
 SENT_AT_HEADER = "toxfleet_sent_at"
 """Message header: unix time (float seconds) at which the API published the task message."""
-
-UNACKED_KEY = "unacked"
-"""Redis hash in which kombu keeps messages delivered to a worker and not yet acknowledged (kombu's
-default `unacked_key`): with late acks, every message a worker has buffered or is scoring."""
-
-PENDING_KEY = "toxfleet:pending"
-"""Redis sorted set: task id -> unix time its current message was published, for every task the API
-sent that has no final result yet. With `PENDING_ARGS_KEY` it lets a worker re-publish a message that
-Redis lost (`worker.sweeper`); the worker that stores the final result removes both entries."""
-
-PENDING_ARGS_KEY = "toxfleet:pending:args"
-"""Redis hash: task id -> JSON `{"args": ..., "kwargs": ...}` of a pending task (see `PENDING_KEY`)."""
-
-
-WORKERS_KEY = "toxfleet:workers"
-"""Redis sorted set: worker hostname -> unix time of its last heartbeat."""
-
-WORKER_INFO_PREFIX = "toxfleet:worker:"
-"""Redis key prefix of a worker's JSON description (model, backend, concurrency), expiring."""
-
-HEARTBEAT_STALE_SECONDS = 15
-"""A worker whose last heartbeat is older than this is not counted as answering."""

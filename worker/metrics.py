@@ -23,15 +23,13 @@ from typing import Any
 
 from celery import signals
 
+from toxfleet.contract import LATENCY_BUCKETS
 from worker.scorer import ScoreStats
 from worker.settings import get_settings
 
 logger = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
-TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-"""Seconds, for inference time and queue wait."""
 
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 """Requests or texts per batch."""
@@ -55,10 +53,10 @@ class WorkerMetrics:
         self.batch_tokens = Histogram("toxfleet_batch_tokens", "Real (unpadded) tokens in one batch.",
                                       buckets=TOKEN_BUCKETS, registry=reg)
         self.inference = Histogram("toxfleet_inference_seconds", "Seconds one batch spent in the model "
-                                   "(tokenize and forward passes).", buckets=TIME_BUCKETS, registry=reg)
+                                   "(tokenize and forward passes).", buckets=LATENCY_BUCKETS, registry=reg)
         self.queue_wait = Histogram("toxfleet_queue_wait_seconds", "Seconds from the API publishing a task message "
                                     "to its batch starting (messages sent without the header are not counted).",
-                                    buckets=TIME_BUCKETS, registry=reg)
+                                    buckets=LATENCY_BUCKETS, registry=reg)
         self.texts = Counter("toxfleet_texts_scored", "Texts scored.", registry=reg)
         self.tokens = Counter("toxfleet_tokens", "Real tokens scored.", registry=reg)
         self.padded_tokens = Counter("toxfleet_padded_tokens", "Tokens computed, padding included "

@@ -13,18 +13,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery import states
-
-from toxfleet import contract
-
-FINAL_STATES = frozenset({states.SUCCESS, states.FAILURE})
-
-LEASE_PREFIX = "toxfleet:lease:"
-"""Redis key prefix of the lease a batch takes on each request it scores (value: the batch id)."""
+from toxfleet import meta, pending
+from toxfleet.keys import lease_key
 
 # Atomically, per request: already final -> "final"; else take its lease (NX) and store STARTED ->
 # "claimed"; else another batch is scoring it right now -> "busy". KEYS: n result keys, then n lease
-# keys. ARGV: batch id, lease seconds, result seconds (0: no expiry), then n STARTED metas.
+# keys. ARGV: batch id, lease seconds, result seconds (0: no expiry), then n STARTED metas. "Final" is
+# `toxfleet.meta.FINAL_STATES`, spelt out in Lua.
 _CLAIM = """
 local n = #KEYS / 2
 local out = {}
@@ -75,7 +70,7 @@ class Outcome:
 
     @property
     def state(self) -> str:
-        return str(states.FAILURE if self.error is not None else states.SUCCESS)
+        return meta.FAILURE if self.error is not None else meta.SUCCESS
 
 
 class ResultStore:
@@ -91,19 +86,18 @@ class ResultStore:
 
     def _write(self, entries: Iterable[tuple[str, dict[str, Any]]]) -> None:
         with self._backend.client.pipeline(transaction=False) as pipe:
-            for task_id, meta in entries:
+            for task_id, stored in entries:
                 key = self._key(task_id)
-                value = self._backend.encode({**meta, "task_id": task_id})
+                value = self._backend.encode(stored)
                 if self._expires:
                     pipe.set(key, value, ex=self._expires)
                 else:
                     pipe.set(key, value)
                 pipe.publish(key, value)
                 # The lease would expire by itself; dropping it with the result just keeps Redis tidy.
-                pipe.delete(LEASE_PREFIX + task_id)
+                pipe.delete(lease_key(task_id))
                 # Final: nothing is left for the sweeper to recover.
-                pipe.zrem(contract.PENDING_KEY, task_id)
-                pipe.hdel(contract.PENDING_ARGS_KEY, task_id)
+                pending.forget(pipe, [task_id])
             pipe.execute()
 
     def claim(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int,
@@ -115,9 +109,9 @@ class ResultStore:
         caller must leave this message unacked, for Redis to redeliver)."""
         if not task_ids:
             return []
-        metas = [self._backend.encode({"status": states.STARTED, "result": None, "traceback": None, "children": [],
-                                       "date_done": None, **extra, "task_id": t}) for t in task_ids]
-        keys = [self._key(t) for t in task_ids] + [LEASE_PREFIX + t for t in task_ids]
+        metas = [self._backend.encode(meta.build(meta.STARTED, None, task_id=t, date_done=None, extra=extra))
+                 for t in task_ids]
+        keys = [self._key(t) for t in task_ids] + [lease_key(t) for t in task_ids]
         answer = self._backend.client.eval(_CLAIM, len(keys), *keys, batch_id, lease_seconds, self._expires or 0,
                                            *metas)
         return [a.decode() if isinstance(a, bytes) else str(a) for a in answer]
@@ -125,15 +119,14 @@ class ResultStore:
     def release(self, task_ids: Sequence[str], batch_id: str) -> None:
         """Give up this batch's leases (its pool process died), so a retry can claim the requests."""
         if task_ids:
-            self._backend.client.eval(_RELEASE, len(task_ids), *[LEASE_PREFIX + t for t in task_ids], batch_id)
+            self._backend.client.eval(_RELEASE, len(task_ids), *[lease_key(t) for t in task_ids], batch_id)
 
     def store(self, outcomes: Sequence[Outcome], extra: dict[str, Any]) -> None:
         """Record final results and failures, and wake anyone waiting on them."""
         now = datetime.now(UTC).isoformat()
 
-        def meta(o: Outcome) -> dict[str, Any]:
+        def final(o: Outcome) -> dict[str, Any]:
             result = self._backend.prepare_exception(o.error) if o.error is not None else o.result
-            return {"status": o.state, "result": result, "traceback": None, "children": [],
-                    "date_done": now, **extra, **(o.meta or {})}
+            return meta.build(o.state, result, task_id=o.task_id, date_done=now, extra={**extra, **(o.meta or {})})
 
-        self._write((o.task_id, meta(o)) for o in outcomes)
+        self._write((o.task_id, final(o)) for o in outcomes)

@@ -15,8 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import cache as cache_defaults
 from toxfleet import contract
-
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+from toxfleet.keys import DEFAULT_REDIS_URL
 
 BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-bf16", "onnx", "onnx-int8")
 """Values TOXFLEET_BACKEND accepts; `worker.backends.loader.load_backend` builds each of them

@@ -6,9 +6,9 @@ OOM killer, a Fargate task stopped) while its connection held popped messages lo
 and no unacked hash has them any more (celery/celery#7950; seen here in CI, a job lost in about one
 `test_sigkill_whole_worker_then_replacement` run in two).
 
-The API records every task it sends in `contract.PENDING_KEY` (with its arguments in
-`PENDING_ARGS_KEY`) before the message exists, and the worker that stores a task's final result
-removes it. A sweep finds the pending tasks whose message is nowhere:
+The API records every task it sends as pending (`toxfleet.pending`) before the message exists, and
+the worker that stores a task's final result removes it. A sweep finds the pending tasks whose message
+is nowhere:
 
 - no result, no lease and no STARTED state (no batch took it);
 - not in the unacked hash (no worker holds it);
@@ -34,8 +34,8 @@ from typing import Any, cast
 
 import redis
 
-from toxfleet import contract
-from worker.results import FINAL_STATES, LEASE_PREFIX
+from toxfleet import contract, meta, pending
+from toxfleet.keys import SWEEP_LOCK_KEY, SWEEP_SUSPECTS_KEY, UNACKED_KEY, lease_key
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +49,9 @@ only tasks stamped this much before the queue's next message count as having lef
 PAGE = 500
 """Pending tasks read per round trip."""
 
-LOCK_KEY = "toxfleet:sweep:lock"
-SUSPECTS_KEY = "toxfleet:sweep:suspects"
-"""Redis hash: task id -> unix time a sweep first found its message nowhere."""
-
 Publish = Callable[[str, list[Any], dict[str, Any] | None], None]
 """`publish(task_id, args, kwargs)`: send the task's message again, under the same task id, and move
-its `PENDING_KEY` time to the new message's publish time."""
+its pending time to the new message's publish time (`toxfleet.pending.restamp`)."""
 
 
 @dataclass
@@ -83,7 +79,7 @@ def _queue_head_sent_at(client: redis.Redis) -> float | None:
 
 def _unacked_task_ids(client: redis.Redis) -> set[str]:
     ids: set[str] = set()
-    for _, raw in client.hscan_iter(contract.UNACKED_KEY, count=500):
+    for _, raw in client.hscan_iter(UNACKED_KEY, count=500):
         try:
             ids.add(str(json.loads(raw)[0]["headers"]["id"]))
         except (ValueError, KeyError, TypeError, IndexError):
@@ -102,34 +98,26 @@ def sweep(client: redis.Redis, result_key: Callable[[str], bytes | str], publish
         return report
     # Only tasks published before the queue's next message can have left the queue.
     ceiling = min(now - GRACE_SECONDS, head - SKEW_SECONDS)
-    pending: list[tuple[str, float]] = []
-    offset = 0
-    while True:
-        page = cast(list[tuple[bytes, float]], client.zrangebyscore(
-            contract.PENDING_KEY, "-inf", f"({ceiling}", start=offset, num=PAGE, withscores=True))
-        pending += [(t.decode(), float(s)) for t, s in page]
-        if len(page) < PAGE:
-            break
-        offset += PAGE
-    report.looked_at = len(pending)
-    if not pending:
-        client.delete(SUSPECTS_KEY)
+    due = pending.sent_before(client, ceiling, PAGE)
+    report.looked_at = len(due)
+    if not due:
+        client.delete(SWEEP_SUSPECTS_KEY)
         return report
-    sent = dict(pending)
+    sent = dict(due)
     unacked: set[str] | None = None
     lost: list[str] = []
     gone: list[str] = []
-    for i in range(0, len(pending), PAGE):
-        page_ids = [t for t, _ in pending[i:i + PAGE]]
+    for i in range(0, len(due), PAGE):
+        page_ids = [t for t, _ in due[i:i + PAGE]]
         with client.pipeline(transaction=False) as pipe:
             for t in page_ids:
                 pipe.get(result_key(t))
-                pipe.exists(LEASE_PREFIX + t)
+                pipe.exists(lease_key(t))
             answers = pipe.execute()
         for j, t in enumerate(page_ids):
-            meta, leased = answers[2 * j], answers[2 * j + 1]
-            status = _status(meta)
-            if status in FINAL_STATES or now - sent[t] > expires:
+            stored, leased = answers[2 * j], answers[2 * j + 1]
+            status = meta.status_of(stored)
+            if status in meta.FINAL_STATES or now - sent[t] > expires:
                 gone.append(t)  # stored (the worker's cleanup raced us) or long expired
             elif status is None and not leased:
                 if unacked is None:
@@ -137,39 +125,25 @@ def sweep(client: redis.Redis, result_key: Callable[[str], bytes | str], publish
                 if t not in unacked:
                     lost.append(t)
     # Suspects not found lost again are dropped: they were in flight between two places.
-    suspects = {k.decode(): float(v) for k, v in cast(dict[bytes, bytes], client.hgetall(SUSPECTS_KEY)).items()}
+    suspects = {k.decode(): float(v) for k, v in cast(dict[bytes, bytes], client.hgetall(SWEEP_SUSPECTS_KEY)).items()}
     confirmed = [t for t in lost if t in suspects and now - suspects[t] >= confirm]
     waiting = [t for t in lost if t not in confirmed]
     with client.pipeline(transaction=False) as pipe:
-        pipe.delete(SUSPECTS_KEY)
+        pipe.delete(SWEEP_SUSPECTS_KEY)
         if waiting:
-            pipe.hset(SUSPECTS_KEY, mapping={t: suspects.get(t, now) for t in waiting})
-        if gone:
-            pipe.zrem(contract.PENDING_KEY, *gone)
-            pipe.hdel(contract.PENDING_ARGS_KEY, *gone)
+            pipe.hset(SWEEP_SUSPECTS_KEY, mapping={t: suspects.get(t, now) for t in waiting})
+        pending.forget(pipe, gone)
         pipe.execute()
     report.forgotten = len(gone)
     report.suspects = len(waiting)
-    bodies = cast(list[bytes | None], client.hmget(contract.PENDING_ARGS_KEY, confirmed)) if confirmed else []
-    for t, raw in zip(confirmed, bodies, strict=True):
-        if raw is None:
+    for t, call in zip(confirmed, pending.calls(client, confirmed), strict=True):
+        if call is None:
             continue  # finished meanwhile
-        body = json.loads(raw)
-        publish(t, body["args"], body.get("kwargs"))
+        publish(t, *call)
         report.republished.append(t)
         logger.warning("task %s: its message was lost by Redis (no queue, no worker held it); re-published",
                        t, extra={"task_id": t})
     return report
-
-
-def _status(meta: bytes | None) -> str | None:
-    if not meta:
-        return None
-    try:
-        status = json.loads(meta).get("status")
-    except (ValueError, AttributeError):
-        return None
-    return str(status) if status else None
 
 
 class Sweeper(threading.Thread):
@@ -189,7 +163,7 @@ class Sweeper(threading.Thread):
         while not self._stopping.wait(self._interval):
             try:
                 # Slightly shorter than the interval, so the next round's lock is free again.
-                if self._redis.set(LOCK_KEY, "1", nx=True, px=int(self._interval * 900)):
+                if self._redis.set(SWEEP_LOCK_KEY, "1", nx=True, px=int(self._interval * 900)):
                     sweep(self._redis, self._result_key, self._publish, self._interval, self._expires)
             except Exception as exc:  # Redis away or a bad entry: try again next round
                 logger.warning("sweep for lost messages failed: %r", exc)

@@ -11,18 +11,20 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 
 from api.auth import KeyDep
-from api.deps import JobsDep, SettingsDep
+from api.deps import ReadDep, SettingsDep, SubmitDep
 from api.errors import ScoringFailed, ScoringTimeout
-from api.jobs import JobService
 from api.routes.jobs import check_texts
+from api.services.read import ReadService
+from api.services.submit import SubmitService
 from api.settings import ApiSettings
 
 router = APIRouter(tags=["compatibility"])
 
 
-async def _score(texts: list[str], jobs: JobService, settings: ApiSettings) -> list[dict[str, float]]:
-    job_id, _ = await jobs.submit(texts)
-    view = await jobs.get(job_id, wait=settings.compat_timeout)
+async def _score(texts: list[str], submit: SubmitService, read: ReadService,
+                 settings: ApiSettings) -> list[dict[str, float]]:
+    job_id, _ = await submit.submit(texts)
+    view = await read.get(job_id, wait=settings.compat_timeout)
     if view.status == "failed":
         raise ScoringFailed(view.error or "scoring failed")
     if view.results is None:
@@ -32,16 +34,17 @@ async def _score(texts: list[str], jobs: JobService, settings: ApiSettings) -> l
 
 
 @router.get("/toxicity")
-async def toxicity(q: Annotated[str, Query(description="The text to score.")], jobs: JobsDep,
+async def toxicity(q: Annotated[str, Query(description="The text to score.")], submit: SubmitDep, read: ReadDep,
                    settings: SettingsDep, _key: KeyDep) -> dict[str, float]:
     """Score one text; returns {label: probability}."""
     check_texts([q], settings, loc=("query", "q"))
-    return (await _score([q], jobs, settings))[0]
+    return (await _score([q], submit, read, settings))[0]
 
 
 @router.post("/toxicity/batch")
 async def toxicity_batch(texts: Annotated[list[str], Body(min_length=1, description="Texts to score.")],
-                         jobs: JobsDep, settings: SettingsDep, _key: KeyDep) -> list[dict[str, float]]:
+                         submit: SubmitDep, read: ReadDep, settings: SettingsDep,
+                         _key: KeyDep) -> list[dict[str, float]]:
     """Score a JSON list of texts; returns one {label: probability} per text, in order."""
     check_texts(texts, settings, loc=("body",))
-    return await _score(texts, jobs, settings)
+    return await _score(texts, submit, read, settings)

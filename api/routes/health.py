@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from api.deps import JobsDep
+from api.deps import FleetDep
 from api.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
@@ -19,16 +19,16 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(jobs: JobsDep) -> Readiness | JSONResponse:
+async def readyz(fleet: FleetDep) -> Readiness | JSONResponse:
     """Ready when the broker answers; also says how many workers answer and what they run."""
     try:
-        await jobs.ping()
-        workers = await jobs.workers()
-        depth = await jobs.queue_depth()
+        await fleet.ping()
+        workers = await fleet.workers()
+        depth = await fleet.queue_depth()
     except RedisError:
         body = Readiness(status="unavailable", broker="unreachable", workers=0, models=[], queue_depth=None)
         return JSONResponse(body.model_dump(), status_code=503, headers={"Retry-After": "2"})
-    models = sorted({w.get("model", "?") for w in workers})
+    models = sorted({w.model or "?" for w in workers})
     return Readiness(status="ready", broker="ok", workers=len(workers), models=models, queue_depth=depth)
 
 

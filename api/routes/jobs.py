@@ -8,9 +8,9 @@ from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyDep
-from api.deps import JobsDep, SettingsDep
-from api.jobs import JobView
+from api.deps import ReadDep, SettingsDep, SubmitDep
 from api.schemas import JOB_ID_PATTERN, Flags, Job, JobAccepted, JobRequest, Progress
+from api.services.read import JobView
 from api.settings import ApiSettings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -45,7 +45,7 @@ def to_job(view: JobView) -> Job:
 async def submit_job(
     body: JobRequest,
     response: Response,
-    jobs: JobsDep,
+    jobs: SubmitDep,
     settings: SettingsDep,
     _key: KeyDep,
     idempotency_key: Annotated[str | None, Header(
@@ -70,7 +70,7 @@ async def submit_job(
 async def get_job(
     job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The id `POST /v1/jobs` returned.")],
     response: Response,
-    jobs: JobsDep,
+    jobs: ReadDep,
     settings: SettingsDep,
     _key: KeyDep,
     wait: Annotated[float, Query(ge=0, description="Seconds to wait for the job to finish (long-poll).")] = 0,

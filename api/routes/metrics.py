@@ -6,20 +6,20 @@ from fastapi import APIRouter, Response
 from redis.exceptions import RedisError
 
 from api import metrics
-from api.deps import JobsDep
+from api.deps import FleetDep
 
 router = APIRouter(tags=["monitoring"])
 
 
 @router.get("/metrics", include_in_schema=False)
-async def prometheus_metrics(jobs: JobsDep) -> Response:
+async def prometheus_metrics(fleet: FleetDep) -> Response:
     """Prometheus text format. Open (no API key), like /healthz: block it at the public load balancer."""
     try:
-        metrics.set_queue(*await jobs.queue_stats())
+        metrics.set_queue(await fleet.backlog())
     except RedisError:
         metrics.set_broker_down()
     try:
-        metrics.set_cache_entries(await jobs.cache_entries())
+        metrics.set_cache_entries(await fleet.cache_entries())
     except RedisError:  # the cache may live on its own Redis
         metrics.set_cache_entries(None)
     body, content_type = metrics.exposition()

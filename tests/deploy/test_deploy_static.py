@@ -54,9 +54,8 @@ from tests.deploy.deployfiles import (
     required_variables,
     shell_commands,
 )
-from tools import synthetic
+from tools import backlog, synthetic
 from toxfleet import contract
-from worker import backlog
 from worker.settings import WorkerSettings
 
 API_FILE = parse_dockerfile(ROOT / "Dockerfile.api")
@@ -75,7 +74,7 @@ IMAGES: dict[str, tuple[Dockerfile, Stage]] = {
 EXPECTED_PORTS = {"api": 8000, "flower": 5555, "worker": 9808}
 """The port each task's own container maps (the worker's is its Prometheus endpoint)."""
 INFERENCE_PACKAGES = ("torch", "detoxify", "transformers")
-BACKLOG_COMMAND = ["python", "-m", "worker.backlog", "--interval", "60"]
+BACKLOG_COMMAND = ["python", "-m", "tools.backlog", "--interval", "60"]
 """How the deployment runs the backlog publisher: one reading a minute, CloudWatch's standard resolution."""
 SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "AUTH", "KEY")
 STOP_TIMEOUT_MAX = 120
@@ -829,7 +828,7 @@ def _check_policy_tracks(doc: dict[str, Any]) -> None:
 
 
 def test_worker_scaling_tracks_what_the_publisher_emits() -> None:
-    """Workers scale on the metric worker/backlog.py emits (namespace, name, Service dimension, taken
+    """Workers scale on the metric tools/backlog.py emits (namespace, name, Service dimension, taken
     from its own EMF output), the Service value is the scaled ECS service, the deployment does not
     override it, and the guide names the metric; the API scales on ALB requests."""
     doc = backlog.emf(backlog.Backlog(queued=3, unacked=1, workers=2), backlog.DEFAULT_SERVICE, 0.0)
@@ -932,13 +931,13 @@ def _environ_reads(module_path: Path) -> set[str]:
 
 def test_backlog_variables_are_read_by_the_publisher() -> None:
     """Every TOXFLEET_* variable (and REDIS_URL) the backlog publisher's container gets (Compose, the
-    Flower image, ECS) is one worker/backlog.py reads, and means there what the settings field means."""
+    Flower image, ECS) is one tools/backlog.py reads, and means there what the settings field means."""
     variables = _settings_env({"backlog"}, [(API_FILE, [API_FILE.stage("flower")])], [("flower", "backlog")])
-    reads = _environ_reads(ROOT / "worker" / "backlog.py")
+    reads = _environ_reads(ROOT / "tools" / "backlog.py")
     assert {"REDIS_URL", "TOXFLEET_LOG_FORMAT"} <= reads  # the parse found them
     assert {"REDIS_URL", "TOXFLEET_LOG_FORMAT"} <= set(variables)
     unknown = {var: where for var, where in variables.items() if var not in reads}
-    assert not unknown, f"not read by worker/backlog.py: {unknown}"
+    assert not unknown, f"not read by tools/backlog.py: {unknown}"
     fields = accepted_env_names(WorkerSettings) & set().union(*(accepted_env_names(c) for c in _api_settings_classes()))
     assert set(variables) <= fields
 
@@ -978,7 +977,7 @@ def test_worker_metrics_port_is_reachable_on_the_private_network_only() -> None:
 
 
 def test_backlog_service_runs_the_publisher_once() -> None:
-    """Compose's `backlog` service runs `python -m worker.backlog --interval 60` from the Flower image
+    """Compose's `backlog` service runs `python -m tools.backlog --interval 60` from the Flower image
     (same build), once: no port, no scaling, no inherited Flower probe, restarted if it dies."""
     service, flower = SERVICES["backlog"], SERVICES["flower"]
     assert service["command"] == BACKLOG_COMMAND
@@ -988,7 +987,7 @@ def test_backlog_service_runs_the_publisher_once() -> None:
     assert service["healthcheck"]["disable"] is True  # the image's HEALTHCHECK probes Flower's port
     assert service["restart"] == "unless-stopped" and service["init"] is True
     running = [name for name, each in OFFLINE["services"].items()
-               if "worker.backlog" in " ".join(map(str, each.get("command", [])))]
+               if "tools.backlog" in " ".join(map(str, each.get("command", [])))]
     assert running == ["backlog"]
 
 
@@ -1001,7 +1000,7 @@ def test_flower_task_runs_the_publisher_once() -> None:
     assert publisher["secrets"] == [s for s in flower["secrets"] if s["name"] == "REDIS_URL"]
     assert "portMappings" not in publisher
     running = [(task, c["name"]) for task in TASK_DEFINITIONS for c in load_ecs(task)["containerDefinitions"]
-               if "worker.backlog" in " ".join(c.get("command", []))]
+               if "tools.backlog" in " ".join(c.get("command", []))]
     assert running == [("flower", "backlog")]
     (create,) = [c for c in re.findall(r"aws ecs create-service (?:[^\n]*\\\n)*[^\n]*", FARGATE_DOC)
                  if "--service-name toxfleet-flower" in c]
@@ -1039,7 +1038,7 @@ def test_backlog_publisher_runs_from_the_flower_image(compose_redis: tuple[int, 
     transformers or Celery on the way."""
     port, password = compose_redis
     command = SERVICES["backlog"]["command"]
-    assert command[:3] == ["python", "-m", "worker.backlog"]
+    assert command[:3] == ["python", "-m", "tools.backlog"]
     project = PYPROJECT["project"]
     image = _closure(project["dependencies"] + project["optional-dependencies"]["flower"], set()) | {"toxfleet"}
     driver, imports = tmp_path / "flower_image_only.py", tmp_path / "imports"

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from api.settings import ApiSettings
 from testing import RedisServer, free_port
-from toxfleet import contract
+from toxfleet import contract, keys
 
 
 @pytest.fixture
@@ -179,13 +179,13 @@ def test_backlog_limit_counts_prefetched_work_and_scales_with_workers(clean_redi
     r = clean_redis.client()
     settings = ApiSettings(redis_url=clean_redis.url, backlog_per_process=2)
     with TestClient(create_app(settings)) as c:
-        r.hset(contract.UNACKED_KEY, mapping={"tag1": "x"})  # one message prefetched by some worker
+        r.hset(keys.UNACKED_KEY, mapping={"tag1": "x"})  # one message prefetched by some worker
         assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202
         refused = c.post("/v1/jobs", json={"texts": ["b"]})  # 1 queued + 1 prefetched >= 2 x 1 process
         assert refused.status_code == 429 and "2 messages waiting" in refused.json()["detail"]
         # A worker with 3 processes starts answering: the limit grows to 6 (after the API's 2 s cache).
-        r.zadd(contract.WORKERS_KEY, {"w@test": time.time()})
-        r.set(contract.WORKER_INFO_PREFIX + "w@test", json.dumps({"hostname": "w@test", "concurrency": 3,
+        r.zadd(keys.WORKERS_KEY, {"w@test": time.time()})
+        r.set(keys.WORKER_INFO_PREFIX + "w@test", json.dumps({"hostname": "w@test", "concurrency": 3,
                                                                  "model": "m", "backend": "torch"}))
         time.sleep(2.1)
         codes = [c.post("/v1/jobs", json={"texts": [f"c{i}"]}).status_code for i in range(5)]

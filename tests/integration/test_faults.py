@@ -30,7 +30,7 @@ import redis
 from testing import ROOT, Proc, RedisServer, free_port, start_api, start_worker, synthetic_checkpoint, wait_for
 from toxfleet import contract
 from toxfleet.corpus import CommentCorpus
-from worker import results
+from toxfleet.keys import LEASE_PREFIX
 
 pytestmark = pytest.mark.faults
 
@@ -262,7 +262,7 @@ def test_delivery_leased_to_a_dead_batch_is_not_lost(env: dict[str, Any], refere
     w = worker(env, "heir", concurrency=1, TOXFLEET_VISIBILITY_TIMEOUT=str(visibility))
     client = redis.Redis.from_url(env["redis"].url)
     task_id = "dead-lease-" + os.urandom(4).hex()
-    client.set(results.LEASE_PREFIX + task_id, "batch-of-a-dead-worker", ex=visibility)
+    client.set(LEASE_PREFIX + task_id, "batch-of-a-dead-worker", ex=visibility)
     app = celery_client(env["redis"].url)
     texts = CommentCorpus(14).texts(2)
     t0 = time.monotonic()

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testing import ROOT, Fleet, FleetSpec, RedisServer, base_env, free_port, start_api, wait_for
-from toxfleet import contract
+from toxfleet import contract, keys
 from toxfleet.corpus import CommentCorpus
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -184,7 +184,7 @@ def idle_queue(redis_server: RedisServer, session_tmp: Path) -> Iterator[dict[st
 
 
 def _publish_once(redis_url: str, service: str = "toxfleet-worker") -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "worker.backlog", "--once", "--redis-url", redis_url,
+    out = subprocess.run([sys.executable, "-m", "tools.backlog", "--once", "--redis-url", redis_url,
                           "--service", service], cwd=ROOT, env=base_env(redis_url, None), capture_output=True,
                          text=True, timeout=30, check=True)
     lines = out.stdout.splitlines()
@@ -196,7 +196,7 @@ def _publish_once(redis_url: str, service: str = "toxfleet-worker") -> dict[str,
 def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue: dict[str, Any]) -> None:
     """With 4 messages queued and 1 of them delivered but unacknowledged, /metrics reports depth 3 and
     unacked 1, and the publisher's EMF line reports the backlog per live worker."""
-    from api.jobs import make_celery
+    from api.celery_client import make_celery
     from api.settings import ApiSettings
 
     with httpx.Client(base_url=idle_queue["url"], timeout=10) as c:
@@ -226,7 +226,7 @@ def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue:
 
         # Two workers beating, one long silent: backlog per task is shared by the two.
         now = time.time()
-        idle_queue["client"].zadd(contract.WORKERS_KEY, {"w1@h": now, "w2@h": now, "gone@h": now - 600})
+        idle_queue["client"].zadd(keys.WORKERS_KEY, {"w1@h": now, "w2@h": now, "gone@h": now - 600})
         doc = _publish_once(idle_queue["redis_url"])
         assert (doc["Workers"], doc["BacklogPerTask"], doc["Service"]) == (2, 2.0, "toxfleet-worker")
         message.requeue()

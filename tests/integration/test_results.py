@@ -9,7 +9,8 @@ import pytest
 from celery import Celery
 
 from testing import RedisServer
-from worker.results import LEASE_PREFIX, Outcome, ResultStore
+from toxfleet.keys import LEASE_PREFIX
+from worker.results import Outcome, ResultStore
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from api.settings import ApiSettings
 from testing import RedisServer
-from toxfleet import contract
+from toxfleet import contract, keys
 
 KEY = "k" * 24
 OTHER = "o" * 24
@@ -96,8 +96,8 @@ def test_concurrent_twins_create_one_job(client: TestClient, redis_server) -> No
     assert redis_server.client().llen(contract.QUEUE) == 1
     # The losers' jobs were never sent: nothing of theirs is left for the sweeper to send.
     job_id = next(iter(ids))
-    assert redis_server.client().zrange(contract.PENDING_KEY, 0, -1) == [contract.chunk_task_id(job_id, 0).encode()]
-    assert redis_server.client().hkeys(contract.PENDING_ARGS_KEY) == [contract.chunk_task_id(job_id, 0).encode()]
+    assert redis_server.client().zrange(keys.PENDING_KEY, 0, -1) == [contract.chunk_task_id(job_id, 0).encode()]
+    assert redis_server.client().hkeys(keys.PENDING_ARGS_KEY) == [contract.chunk_task_id(job_id, 0).encode()]
     assert client.get(f"/v1/jobs/{ids.pop()}").json()["status"] == "queued"
 
 

@@ -14,9 +14,9 @@ import redis
 from celery import Celery
 
 from testing import RedisServer
-from toxfleet import contract
+from toxfleet import contract, keys
 from worker.results import Outcome, ResultStore
-from worker.sweeper import SUSPECTS_KEY, sweep
+from worker.sweeper import sweep
 
 CONFIRM = 10.0
 EXPIRES = 3600.0
@@ -34,8 +34,8 @@ class Fleet:
 
     def submit(self, task_id: str, texts: list[str], sent_at: float) -> None:
         """What the API does: record the task as pending, then publish its message with the same stamp."""
-        self.client.zadd(contract.PENDING_KEY, {task_id: sent_at})
-        self.client.hset(contract.PENDING_ARGS_KEY, task_id, json.dumps({"args": [texts], "kwargs": None}))
+        self.client.zadd(keys.PENDING_KEY, {task_id: sent_at})
+        self.client.hset(keys.PENDING_ARGS_KEY, task_id, json.dumps({"args": [texts], "kwargs": None}))
         self.app.send_task(contract.SCORE_TASK, args=[texts], task_id=task_id, queue=contract.QUEUE,
                            headers={contract.SENT_AT_HEADER: sent_at})
 
@@ -45,7 +45,7 @@ class Fleet:
         assert raw is not None
         if into_unacked:
             tag = json.loads(raw)["properties"]["delivery_tag"]
-            self.client.hset(contract.UNACKED_KEY, tag, json.dumps([json.loads(raw), "", contract.QUEUE]))
+            self.client.hset(keys.UNACKED_KEY, tag, json.dumps([json.loads(raw), "", contract.QUEUE]))
 
     def publish(self, task_id: str, args: Any, kwargs: Any) -> None:
         self.republished.append((task_id, args, kwargs))
@@ -72,7 +72,7 @@ def test_a_popped_message_nobody_recorded_is_republished_on_the_second_look(flee
     second = fleet.sweep(now=t0 + 60 + CONFIRM)
     assert second.republished == ["job.0"]
     assert fleet.republished == [("job.0", [["lost text"]], None)]
-    assert fleet.client.hlen(SUSPECTS_KEY) == 0
+    assert fleet.client.hlen(keys.SWEEP_SUSPECTS_KEY) == 0
 
 
 def test_messages_in_the_queue_or_held_by_a_worker_are_left_alone(fleet: Fleet) -> None:
@@ -92,8 +92,8 @@ def test_messages_in_the_queue_or_held_by_a_worker_are_left_alone(fleet: Fleet) 
         assert report.suspects == 0 and report.republished == []
     assert fleet.republished == []
     # The stored result took the task off the pending list with it.
-    assert fleet.client.zscore(contract.PENDING_KEY, "j2.0") is None
-    assert fleet.client.zcard(contract.PENDING_KEY) == 4
+    assert fleet.client.zscore(keys.PENDING_KEY, "j2.0") is None
+    assert fleet.client.zcard(keys.PENDING_KEY) == 4
 
 
 def test_a_suspect_that_turns_up_is_forgiven(fleet: Fleet) -> None:
@@ -103,9 +103,9 @@ def test_a_suspect_that_turns_up_is_forgiven(fleet: Fleet) -> None:
     raw = cast(bytes, fleet.client.rpop(contract.QUEUE))
     assert fleet.sweep(now=t0 + 60).suspects == 1
     tag = json.loads(raw)["properties"]["delivery_tag"]
-    fleet.client.hset(contract.UNACKED_KEY, tag, json.dumps([json.loads(raw), "", contract.QUEUE]))
+    fleet.client.hset(keys.UNACKED_KEY, tag, json.dumps([json.loads(raw), "", contract.QUEUE]))
     report = fleet.sweep(now=t0 + 60 + CONFIRM)
-    assert report.suspects == 0 and report.republished == [] and fleet.client.hlen(SUSPECTS_KEY) == 0
+    assert report.suspects == 0 and report.republished == [] and fleet.client.hlen(keys.SWEEP_SUSPECTS_KEY) == 0
 
 
 def test_a_queue_head_without_a_publish_time_proves_nothing(fleet: Fleet) -> None:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from toxfleet import client as tc
+from toxfleet.client.protocol import parse_job
 
 JOB = "a" * 32
 DONE = {"id": JOB, "status": "succeeded", "results": [{"toxicity": 0.9, "insult": 0.1}], "model": "m",
@@ -111,7 +112,7 @@ def test_split_respects_counts_and_characters() -> None:
 def test_old_server_without_flags_still_parses() -> None:
     """A server that predates flags gives results with flagged None (not an error)."""
     body = {k: v for k, v in DONE.items() if k not in ("flags", "cache_hits")}
-    status = tc._parse_job(body)
+    status = parse_job(body)
     assert status.results is not None and status.results[0].flagged is None and status.cache_hits == 0
 
 

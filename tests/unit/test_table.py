@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from toxfleet import table
+from cli import table
 
 
 def write(path: Path, fmt: str, rows: list[dict[str, object]]) -> None:

@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,8 +174,6 @@ def _cell(value: Any) -> Any:
 
 def open_output(path: str) -> IO[str]:
     if path == "-":
-        import sys
-
         return sys.stdout
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return open(path, "a", encoding="utf-8", newline="")  # noqa: SIM115 - the caller closes it

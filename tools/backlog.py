@@ -1,6 +1,6 @@
 """The workers' autoscaling signal: backlog per worker task, as CloudWatch metrics on stdout.
 
-    python -m worker.backlog [--interval 60] [--service toxfleet-worker] [--once]
+    python -m tools.backlog [--interval 60] [--service toxfleet-worker] [--once]
 
 ECS has no metric for a Redis queue, so this publishes one. Every `--interval` seconds it reads, in
 one round trip, the messages waiting in the queue, the messages delivered to workers and not yet
@@ -18,12 +18,13 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 import redis
 
-from toxfleet import contract, logs
+from toxfleet import logs
+from toxfleet.keys import DEFAULT_REDIS_URL
+from toxfleet.queue import Backlog, read_backlog
 
 logger = logging.getLogger(__name__)
 
@@ -36,35 +37,7 @@ DEFAULT_INTERVAL = 60.0
 DEFAULT_SERVICE = "toxfleet-worker"
 """Value of the `Service` dimension; the scaling policy's metric must name the same."""
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@dataclass(frozen=True)
-class Backlog:
-    """Task messages not yet finished, and the workers that share them."""
-
-    queued: int
-    unacked: int
-    workers: int
-
-    @property
-    def total(self) -> int:
-        return self.queued + self.unacked
-
-    @property
-    def per_task(self) -> float:
-        # With no worker alive the whole backlog is one task's: scale-out still sees it.
-        return self.total / max(self.workers, 1)
-
-
-def read(client: redis.Redis, now: float | None = None) -> Backlog:
-    now = time.time() if now is None else now
-    with client.pipeline(transaction=False) as pipe:
-        pipe.llen(contract.QUEUE)
-        pipe.hlen(contract.UNACKED_KEY)
-        pipe.zcount(contract.WORKERS_KEY, now - contract.HEARTBEAT_STALE_SECONDS, "+inf")
-        queued, unacked, workers = pipe.execute()
-    return Backlog(int(queued), int(unacked), int(workers))
+__all__ = ["DEFAULT_INTERVAL", "DEFAULT_SERVICE", "NAMESPACE", "Backlog", "emf", "main", "publish"]
 
 
 def emf(backlog: Backlog, service: str, timestamp: float) -> dict[str, Any]:
@@ -86,14 +59,14 @@ def emf(backlog: Backlog, service: str, timestamp: float) -> dict[str, Any]:
 
 
 def publish(client: redis.Redis, service: str, out: TextIO) -> Backlog:
-    backlog = read(client)
+    backlog = read_backlog(client)
     out.write(json.dumps(emf(backlog, service, time.time()), separators=(",", ":")) + "\n")
     out.flush()
     return backlog
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.backlog", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.backlog", description=__doc__.split("\n")[0])
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
                         help="broker URL (default: $REDIS_URL)")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds between readings")

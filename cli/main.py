@@ -19,18 +19,19 @@ import json
 import os
 import signal
 import sys
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from toxfleet import table
-from toxfleet.client import DEFAULT_IN_FLIGHT, DEFAULT_JOB_CHARS, Client, InvalidRequest, ToxfleetError
-from toxfleet.contract import LONG_TEXT_MODES, TRUNCATE
-from toxfleet.progress import Progress
+import httpx
+
+from cli import table
+from cli.progress import Progress
+from cli.scoring import Scored, batched, local, remote
+from toxfleet.client import DEFAULT_IN_FLIGHT, DEFAULT_JOB_CHARS, Client, ToxfleetError
+from toxfleet.contract import LABELS, LONG_TEXT_MODES, TRUNCATE
 from toxfleet.thresholds import Thresholds
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -44,15 +45,6 @@ DEFAULT_LOCAL_ROWS = 64
 
 EXIT_FAILED_ROWS = 3
 EXIT_INTERRUPTED = 130
-
-
-@dataclass(frozen=True)
-class Scored:
-    """One row's outcome: scores and flags, or why it could not be scored."""
-
-    scores: dict[str, float] | None
-    flagged: bool | None = None
-    error: str | None = None
 
 
 class _Interrupts:
@@ -84,91 +76,8 @@ class _Interrupts:
                 raise KeyboardInterrupt
 
 
-def _batched(rows: Iterable[table.Row], size: int, chars: int) -> Iterator[list[table.Row]]:
-    batch: list[table.Row] = []
-    used = 0
-    for row in rows:
-        cost = len(row.text or "")
-        if batch and (len(batch) >= size or used + cost > chars):
-            yield batch
-            batch, used = [], 0
-        batch.append(row)
-        used += cost
-    if batch:
-        yield batch
-
-
-def _describe(error: Exception) -> str:
-    if isinstance(error, InvalidRequest) and isinstance(error.detail, list):
-        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in error.detail)
-    return str(error)
-
-
-def _assemble(rows: Sequence[table.Row], outcomes: Iterator[Scored]) -> list[Scored]:
-    """Per row: its own error if it had no text, else the next outcome (outcomes cover texted rows, in order)."""
-    return [Scored(None, error=row.error) if row.text is None else next(outcomes) for row in rows]
-
-
-def _remote(client: Client, batches: Iterable[list[table.Row]], args: argparse.Namespace,
-            thresholds: float | dict[str, float] | None) -> Iterator[tuple[list[table.Row], list[Scored]]]:
-    """Rows with their outcomes, batch by batch in order, `args.in_flight` jobs at a time. A batch
-    whose job fails is retried one row per job, so only the rows at fault carry the error."""
-    rows_of: deque[list[table.Row]] = deque()
-
-    def texts() -> Iterator[list[str]]:
-        for rows in batches:
-            rows_of.append(rows)
-            yield [r.text for r in rows if r.text is not None]
-
-    options: dict[str, Any] = {"long_text": args.long_text, "thresholds": thresholds, "in_flight": args.in_flight}
-    for outcome in client.score_batches(texts(), **options):
-        rows = rows_of.popleft()
-        if outcome.error is None and outcome.results is not None:
-            scored = (Scored(r.scores, r.flagged) for r in outcome.results)
-        else:
-            singles = client.score_batches(([t] for t in outcome.texts), **options)
-            scored = (Scored(o.results[0].scores, o.results[0].flagged) if o.results
-                      else Scored(None, error=_describe(o.error or ToxfleetError("no result"))) for o in singles)
-        yield rows, _assemble(rows, scored)
-
-
-def _local(batches: Iterable[list[table.Row]], args: argparse.Namespace,
-           thresholds: float | dict[str, float] | None) -> Iterator[tuple[list[table.Row], list[Scored]]]:
-    """The same, scored in this process by the worker's scorer (needs the `worker` extra)."""
-    try:
-        # Optional heavy dependency (the `worker` extra: torch, Detoxify), only for --local.
-        from worker.local import load_local_scorer
-    except ImportError as exc:
-        raise SystemExit(f"toxfleet: --local needs the worker extra (pip install 'toxfleet[worker]'): {exc}") from None
-    threads = args.threads or len(os.sched_getaffinity(0))
-    try:
-        scorer = load_local_scorer(threads)
-    except ImportError as exc:  # the worker package is there, its torch/detoxify are not
-        raise SystemExit(f"toxfleet: --local needs the worker extra (pip install 'toxfleet[worker]'): {exc}") from None
-    flags = Thresholds().override(thresholds)
-
-    def score(texts: list[str]) -> list[Scored]:
-        results, _ = scorer.score(texts, args.long_text)
-        return [Scored(r, flags.flags(r)["flagged"]) for r in results]
-
-    for rows in batches:
-        texts = [r.text for r in rows if r.text is not None]
-        try:
-            scored = score(texts)
-        except Exception:  # find the rows at fault
-            scored = []
-            for text in texts:
-                try:
-                    scored += score([text])
-                except Exception as exc:
-                    scored.append(Scored(None, error=f"scoring failed: {exc!r}"))
-        yield rows, _assemble(rows, iter(scored))
-
-
 def _check_reachable(url: str) -> None:
     """Fail at once, not after the retry budget, when the URL is wrong or nothing listens there."""
-    import httpx
-
     try:
         httpx.get(url.rstrip("/") + "/healthz", timeout=10).raise_for_status()
     except httpx.HTTPError as exc:
@@ -198,8 +107,6 @@ def _thresholds(args: argparse.Namespace) -> float | dict[str, float] | None:
         per_label = {k.strip(): float(v) for k, v in (p.split("=", 1) for p in text.split(",") if p.strip())}
     if args.threshold is not None:
         # One number for every label plus per-label exceptions: spell out the exceptions' complement.
-        from toxfleet.contract import LABELS
-
         return {**dict.fromkeys(LABELS, args.threshold), **per_label}
     return per_label
 
@@ -249,13 +156,13 @@ def score_command(args: argparse.Namespace) -> int:
     client: Client | None = None
     try:
         if args.local:
-            batches = _batched(rows, args.job_size or DEFAULT_LOCAL_ROWS, DEFAULT_JOB_CHARS)
-            outcomes = _local(batches, args, thresholds)
+            batches = batched(rows, args.job_size or DEFAULT_LOCAL_ROWS, DEFAULT_JOB_CHARS)
+            outcomes = local(batches, args, thresholds)
         else:
             client = Client(args.url, args.api_key)
             _check_reachable(args.url)
-            batches = _batched(rows, args.job_size or DEFAULT_JOB_ROWS, DEFAULT_JOB_CHARS)
-            outcomes = _remote(client, batches, args, thresholds)
+            batches = batched(rows, args.job_size or DEFAULT_JOB_ROWS, DEFAULT_JOB_CHARS)
+            outcomes = remote(client, batches, args, thresholds)
         for batch_rows, scored in outcomes:
             out_rows = [_output_row(r, s, args.prefix) for r, s in zip(batch_rows, scored, strict=True)]
             header = None

@@ -1,0 +1,128 @@
+"""Read a job, or await it: one GET (the manifest) and one MGET (its chunks' result metas), whatever
+its size. Waiting subscribes to the result keys' pub/sub channels (Celery's Redis backend publishes
+every result it stores), so a long-poll answers the moment the last chunk lands, with no polling loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from api.errors import BrokerUnavailable, JobNotFound
+from api.settings import ApiSettings
+from api.waiter import RESYNC, ResultWaiter
+from toxfleet import contract, keys, logs, meta
+from toxfleet.meta import Meta
+from toxfleet.thresholds import Thresholds
+
+RECHECK_SECONDS = 1.0
+"""A long-poll also re-reads its job this often, a safety net under the pub/sub wake-ups."""
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the API reports it."""
+
+    id: str
+    status: str  # queued | running | succeeded | failed
+    total: int
+    done: int
+    results: list[dict[str, float]] | None
+    model: str | None
+    error: str | None
+    flags: list[dict[str, Any]] | None = None
+    cache_hits: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("succeeded", "failed")
+
+
+class ReadService:
+    """Job views and long-polls. One per process; cheap to share across requests."""
+
+    def __init__(self, settings: ApiSettings, redis: aioredis.Redis, result_key: Callable[[str], bytes],
+                 waiter: ResultWaiter) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._result_key = result_key
+        self._waiter = waiter
+
+    async def get(self, job_id: str, wait: float = 0.0) -> JobView:
+        """The job now, or once finished if that happens within `wait` seconds."""
+        logs.bind_job(job_id)
+        try:
+            manifest = await self._manifest(job_id)
+            result_keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(manifest["chunks"]))]
+            if wait <= 0:
+                view = self._view(job_id, manifest, await self._metas(result_keys))
+            else:
+                view = await self._wait(job_id, manifest, result_keys, wait)
+        except RedisError as exc:
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        if view.finished:
+            # Logged on each read of a finished job: the API learns that a job finished only when asked.
+            fields = {"status": view.status, "texts": view.total, **({"error": view.error} if view.error else {})}
+            logger.info("job %s %s: texts=%d", job_id, view.status, view.total, extra=fields)
+        return view
+
+    async def _manifest(self, job_id: str) -> dict[str, Any]:
+        raw = await self._redis.get(keys.job_key(job_id))
+        if raw is None:
+            raise JobNotFound(f"no job {job_id} (unknown, or expired after {self._settings.result_expires}s)")
+        manifest: dict[str, Any] = json.loads(raw)
+        return manifest
+
+    def _view(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
+        sizes: list[int] = manifest["chunks"]
+        total = sum(sizes)
+        statuses = [m.status if m else None for m in metas]
+        done = sum(n for n, s in zip(sizes, statuses, strict=True) if s == meta.SUCCESS)
+        model = next((m.model for m in metas if m and m.model), None)
+        hits = sum(m.cache_hits for m, s in zip(metas, statuses, strict=True) if m and s == meta.SUCCESS)
+        for i, (m, status) in enumerate(zip(metas, statuses, strict=True)):
+            if status == meta.FAILURE and m is not None:
+                where = f"chunk {i} of {len(sizes)}: " if len(sizes) > 1 else ""
+                return JobView(job_id, "failed", total, done, None, model, where + m.error, cache_hits=hits)
+        if all(s == meta.SUCCESS for s in statuses):
+            results = [r for m in metas if m for r in m.result]
+            # Jobs stored before thresholds existed are flagged with the configured ones.
+            thresholds = Thresholds.from_json(manifest["thresholds"]) if "thresholds" in manifest \
+                else self._settings.base_thresholds
+            flags = [thresholds.flags(r) for r in results]
+            return JobView(job_id, "succeeded", total, done, results, model, None, flags, hits)
+        status = "running" if any(s is not None for s in statuses) else "queued"
+        return JobView(job_id, status, total, done, None, model, None, cache_hits=hits)
+
+    async def _metas(self, result_keys: list[bytes]) -> list[Meta | None]:
+        return [meta.parse(v) for v in await self._redis.mget(result_keys)]
+
+    async def _wait(self, job_id: str, manifest: dict[str, Any], result_keys: list[bytes], wait: float) -> JobView:
+        deadline = time.monotonic() + wait
+        async with self._waiter.watching(result_keys) as queue:
+            # Subscribed (confirmed), then read: a result stored in between is seen by one or the other.
+            metas = await self._metas(result_keys)
+            index = {k: i for i, k in enumerate(result_keys)}
+            view = self._view(job_id, manifest, metas)
+            while not view.finished and (remaining := deadline - time.monotonic()) > 0:
+                try:
+                    item = await asyncio.wait_for(queue.get(), min(remaining, RECHECK_SECONDS))
+                except TimeoutError:
+                    item = RESYNC
+                if item is RESYNC:
+                    metas = await self._metas(result_keys)
+                else:
+                    key, value = item
+                    metas[index[key]] = meta.parse(value)
+                view = self._view(job_id, manifest, metas)
+            return view

@@ -1,0 +1,171 @@
+"""Submit a job: a manifest key (`toxfleet:job:<id>`) plus one `toxfleet.score` task per chunk, whose
+task ids derive from the job id. Around it: the Idempotency-Key (a retried submit returns the same
+job), the score cache (a job whose texts are all cached is stored as succeeded, and no worker sees
+it), backpressure (QueueFull past the fleet's share of work) and the pending record (from which the
+sweeper re-sends a message Redis lost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+from celery import Celery
+from redis.exceptions import RedisError
+from starlette.concurrency import run_in_threadpool
+
+from api import metrics
+from api.celery_client import send_chunks
+from api.errors import BrokerUnavailable, IdempotencyMismatch, QueueFull
+from api.services.fleet import FleetService
+from api.settings import ApiSettings
+from toxfleet import contract, keys, logs, meta, pending
+from toxfleet.cache import AsyncScoreCache, Scores, namespace
+from toxfleet.thresholds import Thresholds
+
+logger = logging.getLogger(__name__)
+
+
+class SubmitService:
+    """Enqueue jobs. One per process; cheap to share across requests."""
+
+    def __init__(self, settings: ApiSettings, redis: aioredis.Redis, celery: Celery, fleet: FleetService,
+                 cache: AsyncScoreCache | None = None) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._celery = celery
+        self._fleet = fleet
+        self._cache = cache
+        self._result_key: Callable[[str], bytes] = celery.backend.get_key_for_task
+
+    async def submit(self, texts: list[str], idempotency_key: str | None = None,
+                     fingerprint: str = "", long_text: str = contract.TRUNCATE,
+                     thresholds: Thresholds | None = None) -> tuple[str, bool]:
+        """Enqueue a job; returns `(job_id, created)`. With an idempotency key seen before (and the
+        same request `fingerprint`), returns the earlier job instead, `created` False. A job whose
+        texts are all in the score cache is stored as succeeded at once, and no worker sees it."""
+        job_id = uuid.uuid4().hex
+        chunks = contract.chunk(texts, long_text=long_text)
+        # The default mode sends no keyword at all: the message stays what every worker version reads.
+        kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
+        sent_at = time.time()  # the messages' publish time, also recorded with them as pending
+        manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": sent_at, "long_text": long_text,
+                               "thresholds": (thresholds or self._settings.base_thresholds).to_json()})
+        idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(idempotency_key.encode()).hexdigest() \
+            if idempotency_key else None
+        try:
+            if idem_key and (earlier := await self._redis.get(idem_key)) is not None:
+                return self._replay(earlier, fingerprint), False
+            cached = await self._all_cached(texts, long_text)
+            if cached is None:
+                await self._check_backlog()
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(keys.job_key(job_id), manifest, ex=self._settings.result_expires)
+                if cached is not None:
+                    self._store_cached(pipe, job_id, chunks, *cached)
+                else:
+                    # Recorded before the messages exist: a message Redis loses later is re-sent from here.
+                    pending.record(pipe, {contract.chunk_task_id(job_id, i): ([c], kwargs)
+                                          for i, c in enumerate(chunks)}, sent_at)
+                await pipe.execute()
+            logs.bind_job(job_id)
+            if idem_key:
+                record = json.dumps({"job_id": job_id, "fingerprint": fingerprint})
+                # The manifest exists before the key does, so whoever reads the key finds the job.
+                if not await self._redis.set(idem_key, record, nx=True, ex=self._settings.idempotency_ttl):
+                    await self._forget(job_id, len(chunks))  # a concurrent twin won; ours was never sent
+                    return self._replay(await self._redis.get(idem_key), fingerprint), False
+        except RedisError as exc:
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        if cached is not None:
+            metrics.count_submitted(len(texts), 0)
+            metrics.count_answered_from_cache(len(texts))
+            logger.info("job %s answered from the score cache: texts=%d", job_id, len(texts),
+                        extra={"texts": len(texts), "messages": 0})
+            return job_id, True
+        try:
+            await run_in_threadpool(send_chunks, self._celery, job_id, chunks, kwargs, sent_at)
+        except Exception as exc:  # kombu raises its own OperationalError family
+            with contextlib.suppress(RedisError):
+                await self._forget(job_id, len(chunks), *([idem_key] if idem_key else []))
+            raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
+        metrics.count_submitted(len(texts), len(chunks))
+        logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
+                    extra={"texts": len(texts), "messages": len(chunks)})
+        return job_id, True
+
+    async def _forget(self, job_id: str, chunks: int, *other_keys: str) -> None:
+        """Undo a submit whose messages were never sent: its manifest, its pending record (else the
+        sweeper would send what nobody asked for) and `other_keys`."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.delete(keys.job_key(job_id), *other_keys)
+            pending.forget(pipe, [contract.chunk_task_id(job_id, i) for i in range(chunks)])
+            await pipe.execute()
+
+    async def _check_backlog(self) -> None:
+        """QueueFull when the fleet already holds more work than it should: accepted jobs then keep
+        a bounded wait (about backlog / fleet throughput) instead of an ever longer one."""
+        # Prefetched by workers but not yet done counts: still waiting work.
+        backlog = (await self._fleet.backlog()).total
+        processes = sum(w.concurrency for w in await self._fleet.recent_workers())
+        limit = min(self._settings.max_queue_depth, self._settings.backlog_per_process * max(processes, 1))
+        if backlog >= limit:
+            raise QueueFull(f"queue is full: {backlog} messages waiting for {processes} worker processes "
+                            f"(limit {limit}); retry later")
+
+    @staticmethod
+    def _replay(record: bytes | str | None, fingerprint: str) -> str:
+        if record is None:  # expired between two reads: vanishingly rare; the client retries
+            raise BrokerUnavailable("idempotency record changed during the request; retry")
+        earlier = json.loads(record)
+        if earlier["fingerprint"] != fingerprint:
+            raise IdempotencyMismatch("Idempotency-Key was already used with a different request body")
+        job_id: str = earlier["job_id"]
+        logs.bind_job(job_id)
+        logger.info("job %s replayed for a repeated Idempotency-Key", job_id)
+        return job_id
+
+    async def _all_cached(self, texts: list[str], long_text: str) -> tuple[str, list[Scores]] | None:
+        """`(model, scores)` when every text is in the score cache under the model and backend that
+        all answering workers run (and only while all of them have the cache on), else None."""
+        if self._cache is None:
+            return None
+        try:
+            workers = await self._fleet.recent_workers()
+            identities = {(w.model, w.backend) for w in workers}
+            if len(identities) != 1 or not all(w.cache for w in workers):
+                return None  # no worker, a rollout in progress, or a worker without the cache
+            model, backend = identities.pop()
+            if not model or not backend:
+                return None
+            found = await self._cache.get(namespace(model, backend, long_text), texts)
+            scores = [f for f in found if f is not None]
+            if len(scores) < len(texts):
+                return None  # the workers look up and count the hits of a partly cached job
+            await self._cache.count_hits(len(scores))
+        except RedisError as exc:
+            # The cache may live on its own Redis: its absence must not fail a submit.
+            logger.warning("score cache unavailable (%r); sending the job to the workers", exc)
+            return None
+        return str(model), scores
+
+    def _store_cached(self, pipe: Any, job_id: str, chunks: list[list[str]], model: str,
+                      scores: list[Scores]) -> None:
+        """Store each chunk's result as a worker would (same keys, same meta), so that the job reads
+        exactly like one a worker scored."""
+        now = datetime.now(UTC).isoformat()
+        offset = 0
+        for i, texts in enumerate(chunks):
+            task_id = contract.chunk_task_id(job_id, i)
+            stored = meta.build(meta.SUCCESS, scores[offset: offset + len(texts)], task_id=task_id, date_done=now,
+                                extra={"model": model, "cache_hits": len(texts)})
+            pipe.set(self._result_key(task_id), json.dumps(stored), ex=self._settings.result_expires)
+            offset += len(texts)

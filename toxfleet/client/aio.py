@@ -1,0 +1,136 @@
+"""The asyncio client: `AsyncClient` and its `AsyncJob` handles, the same methods as coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+import toxfleet.client.protocol as protocol
+from toxfleet.client.results import BatchOutcome, InvalidRequest, JobFailed, JobStatus, Result
+
+
+class AsyncJob:
+    """A submitted job: `await wait()` for it, or `await status()` for where it is now."""
+
+    def __init__(self, client: AsyncClient, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"AsyncJob({self.id!r})"
+
+    async def status(self) -> JobStatus:
+        return await self.client.job_status(self.id)
+
+    async def wait(self, timeout: float | None = None) -> JobStatus:
+        """Long-poll until the job finishes; the succeeded status, JobFailed, or JobTimeout after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            hold = max(0.0, min(self.client.poll_wait, protocol.remaining(deadline)))
+            started = time.monotonic()
+            status = await self.client.job_status(self.id, wait=hold)
+            if protocol.settled(status, deadline, timeout):
+                return status
+            if (pause := protocol.early_pause(started, hold, attempt, deadline)) is not None:
+                await asyncio.sleep(pause)
+                attempt += 1
+
+
+class AsyncClient:
+    """asyncio client, same methods as `Client` as coroutines. Use `async with`, or `await aclose()`."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = protocol.DEFAULT_TIMEOUT,
+                 poll_wait: float = protocol.DEFAULT_POLL_WAIT, retry_for: float = protocol.DEFAULT_RETRY_FOR,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = protocol.default_headers(api_key)
+        self.poll_wait = poll_wait
+        self.retry_for = retry_for
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            response: httpx.Response | None = None
+            try:
+                response = await self._http.request(method, url, **kwargs)
+                problem = protocol.problem_of(response)
+                if problem is None:
+                    return response
+            except httpx.TransportError as exc:
+                problem = exc
+            await asyncio.sleep(protocol.retry_delay(attempt, response, problem, deadline, f"{method} {url}",
+                                                     self.retry_for))
+            attempt += 1
+
+    async def submit(self, texts: Sequence[str], *, long_text: str | None = None,
+                     thresholds: float | Mapping[str, float] | None = None) -> AsyncJob:
+        """Enqueue texts for scoring; see `Client.submit`."""
+        body = protocol.submit_body(texts, long_text, thresholds)
+        response = await self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+        return AsyncJob(self, response.json()["id"])
+
+    def job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, job_id)
+
+    async def job_status(self, job_id: str, wait: float = 0.0) -> JobStatus:
+        url, options = protocol.status_call(job_id, wait, self._http.timeout)
+        return protocol.parse_job((await self._request("GET", url, **options)).json())
+
+    async def _one(self, texts: list[str], long_text: str | None, thresholds: float | Mapping[str, float] | None,
+                   timeout: float | None) -> BatchOutcome:
+        if not texts:
+            return BatchOutcome(texts, [])
+        try:
+            job = await self.submit(texts, long_text=long_text, thresholds=thresholds)
+            return BatchOutcome(texts, (await job.wait(timeout)).results)
+        except (InvalidRequest, JobFailed) as exc:
+            return BatchOutcome(texts, None, exc)
+
+    async def score_batches(self, batches: Iterable[Sequence[str]], *, long_text: str | None = None,
+                            thresholds: float | Mapping[str, float] | None = None,
+                            in_flight: int = protocol.DEFAULT_IN_FLIGHT,
+                            timeout: float | None = None) -> AsyncIterator[BatchOutcome]:
+        """Score batches with up to `in_flight` jobs running concurrently; yields outcomes in order."""
+        window: deque[asyncio.Task[BatchOutcome]] = deque()
+        pending = iter(batches)
+        try:
+            while True:
+                while len(window) < max(1, in_flight) and (batch := next(pending, None)) is not None:
+                    window.append(asyncio.ensure_future(self._one(list(batch), long_text, thresholds, timeout)))
+                if not window:
+                    return
+                yield await window.popleft()
+        finally:
+            for task in window:
+                task.cancel()
+
+    async def score(self, texts: Sequence[str], *, long_text: str | None = None,
+                    thresholds: float | Mapping[str, float] | None = None, job_size: int = protocol.DEFAULT_JOB_SIZE,
+                    in_flight: int = protocol.DEFAULT_IN_FLIGHT, timeout: float | None = None) -> list[Result]:
+        """Score any number of texts; see `Client.score`."""
+        out: list[Result] = []
+        batches = protocol.split(texts, job_size)
+        async for outcome in self.score_batches(batches, long_text=long_text, thresholds=thresholds,
+                                                in_flight=in_flight, timeout=timeout):
+            if outcome.error is not None:
+                raise outcome.error
+            out += outcome.results or []
+        return out

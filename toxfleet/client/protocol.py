@@ -1,0 +1,151 @@
+"""The HTTP conversation both clients hold, as pure decisions: what to send, how to read an answer,
+whether and when to retry. The blocking and asyncio clients differ only in how they wait."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+import toxfleet.client.results as answers
+from toxfleet.chunking import split as _split
+
+DEFAULT_TIMEOUT = 10.0
+"""Seconds for connecting and for a plain request (a long-poll gets its wait on top)."""
+
+DEFAULT_POLL_WAIT = 20.0
+"""Seconds one long-poll asks the server to hold (the server's `TOXFLEET_MAX_WAIT` is 30 by default)."""
+
+DEFAULT_RETRY_FOR = 120.0
+"""Seconds spent retrying one request through 429, 503 and connection errors before giving up."""
+
+DEFAULT_JOB_SIZE = 256
+"""Texts per job when `score` splits a large input (the server's default cap is 1,000)."""
+
+DEFAULT_JOB_CHARS = 1_000_000
+"""Characters per job when `score` splits a large input (keeps bodies under the server's 4 MiB limit)."""
+
+DEFAULT_IN_FLIGHT = 8
+"""Jobs `score` keeps submitted at once, so the fleet always has the next one queued."""
+
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_BACKOFF_START, _BACKOFF_CAP = 0.5, 10.0
+
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: not sent by toxfleet; fall back to backoff
+
+
+def error_of(response: httpx.Response) -> answers.APIError:
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text
+    kind = {401: answers.Unauthorized, 404: answers.JobNotFound, 400: answers.InvalidRequest,
+            413: answers.InvalidRequest, 422: answers.InvalidRequest}.get(response.status_code, answers.APIError)
+    return kind(response.status_code, detail, retry_after(response))
+
+
+def backoff_delay(attempt: int, response: httpx.Response | None) -> float:
+    """Seconds before retry `attempt` (0-based): the server's Retry-After, else jittered exponential backoff."""
+    if response is not None and (after := retry_after(response)) is not None:
+        return after + random.uniform(0.0, 0.1 * max(after, 1.0))
+    backoff: float = min(_BACKOFF_CAP, _BACKOFF_START * 2.0 ** attempt)
+    return random.uniform(0.5, 1.0) * backoff
+
+
+def parse_job(body: Mapping[str, Any]) -> answers.JobStatus:
+    results = None
+    if body.get("results") is not None:
+        flags = body.get("flags") or [None] * len(body["results"])
+        results = [answers.Result(dict(scores), f["flagged"] if f else None, dict(f["labels"]) if f else None)
+                   for scores, f in zip(body["results"], flags, strict=True)]
+    progress = body.get("progress") or {}
+    return answers.JobStatus(id=body["id"], status=body["status"], done=int(progress.get("done", 0)),
+                     total=int(progress.get("total", 0)), results=results, model=body.get("model"),
+                     error=body.get("error"), cache_hits=int(body.get("cache_hits") or 0))
+
+
+def submit_body(texts: Sequence[str], long_text: str | None,
+                 thresholds: float | Mapping[str, float] | None) -> dict[str, Any]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, not one string")
+    body: dict[str, Any] = {"texts": list(texts)}
+    if long_text is not None:
+        body["long_text"] = long_text
+    if thresholds is not None:
+        body["thresholds"] = thresholds if isinstance(thresholds, int | float) else dict(thresholds)
+    return body
+
+
+def split(texts: Sequence[str], job_size: int = DEFAULT_JOB_SIZE,
+          job_chars: int = DEFAULT_JOB_CHARS) -> list[list[str]]:
+    """Consecutive batches of at most `job_size` texts and about `job_chars` characters (a longer
+    text still gets a batch of its own)."""
+    return list(_split(texts, len, job_chars, job_size))
+
+
+def remaining(deadline: float | None) -> float:
+    return math.inf if deadline is None else deadline - time.monotonic()
+
+
+def problem_of(response: httpx.Response) -> Exception | None:
+    """None for a success, the error to retry after for a retryable status; raises any other error."""
+    if response.status_code < 400:
+        return None
+    if response.status_code not in _RETRY_STATUSES:
+        raise error_of(response)
+    return error_of(response)
+
+
+def retry_delay(attempt: int, response: httpx.Response | None, problem: Exception | None, deadline: float,
+                 what: str, retry_for: float) -> float:
+    """Seconds before the next try, or Unavailable when waiting them would pass the retry deadline."""
+    delay = backoff_delay(attempt, response)
+    if time.monotonic() + delay > deadline:
+        raise answers.Unavailable(f"{what}: gave up after {retry_for:g}s: {problem}") from problem
+    return delay
+
+
+def status_call(job_id: str, wait: float, timeout: httpx.Timeout) -> tuple[str, dict[str, Any]]:
+    """URL and request options of a job read that may hold for `wait` seconds (the read timeout grows by it)."""
+    params = {"wait": f"{wait:.3f}"} if wait > 0 else None
+    return f"/v1/jobs/{job_id}", {"params": params, "timeout": httpx.Timeout(
+        timeout.connect, read=(timeout.read or DEFAULT_TIMEOUT) + wait)}
+
+
+def settled(status: answers.JobStatus, deadline: float | None, timeout: float | None) -> bool:
+    """True once the job succeeded; JobFailed, or JobTimeout past the deadline; else False."""
+    if status.status == "failed":
+        raise answers.JobFailed(status)
+    if status.finished:
+        return True
+    if remaining(deadline) <= 0:
+        raise answers.JobTimeout(status, timeout or 0.0)
+    return False
+
+
+def early_pause(started: float, hold: float, attempt: int, deadline: float | None) -> float | None:
+    """Seconds to back off when the server answered well before `hold` without a result (it caps the
+    wait), else None."""
+    if time.monotonic() - started >= hold / 2:
+        return None
+    return min(backoff_delay(attempt, None), max(0.0, remaining(deadline)))
+
+
+
+def default_headers(api_key: str | None) -> dict[str, str]:
+    headers = {"User-Agent": "toxfleet-client"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+

@@ -1,0 +1,119 @@
+"""Every Redis key and channel toxfleet uses, and the worker heartbeat stored under two of them.
+
+Names and value formats are part of a deployed fleet (API and workers of different versions share
+one Redis during a rollout), so they are spelt once, here. Celery's own keys (result metas, named
+by `backend.get_key_for_task`) and the queue list (`contract.QUEUE`) are not repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+"""Broker, result backend and cache when `REDIS_URL` is not set (every process reads the same one)."""
+
+UNACKED_KEY = "unacked"
+"""Redis hash in which kombu keeps messages delivered to a worker and not yet acknowledged (kombu's
+default `unacked_key`): with late acks, every message a worker has buffered or is scoring."""
+
+PENDING_KEY = "toxfleet:pending"
+"""Redis sorted set: task id -> unix time its current message was published, for every task the API
+sent that has no final result yet (see `toxfleet.pending`)."""
+
+PENDING_ARGS_KEY = "toxfleet:pending:args"
+"""Redis hash: task id -> JSON `{"args": ..., "kwargs": ...}` of a pending task (see `PENDING_KEY`)."""
+
+LEASE_PREFIX = "toxfleet:lease:"
+"""Redis key prefix of the lease a batch takes on each request it scores (value: the batch id)."""
+
+SWEEP_LOCK_KEY = "toxfleet:sweep:lock"
+"""Held by the worker sweeping for lost messages this round (one sweeper per round)."""
+
+SWEEP_SUSPECTS_KEY = "toxfleet:sweep:suspects"
+"""Redis hash: task id -> unix time a sweep first found its message nowhere."""
+
+JOB_KEY_PREFIX = "toxfleet:job:"
+"""Redis key prefix of job manifests."""
+
+IDEMPOTENCY_KEY_PREFIX = "toxfleet:idem:"
+"""Redis key prefix of Idempotency-Key records (the client's key is stored hashed)."""
+
+RATE_KEY_PREFIX = "toxfleet:rate:"
+"""Redis key prefix of the per-key, per-second request counters."""
+
+WAITER_CHANNEL = b"toxfleet:api:waiter"
+"""Pub/sub channel every API process keeps subscribed, so its listener always has a connection to
+read (nothing is published on it)."""
+
+CACHE_PREFIX = "toxfleet:cache:"
+"""Redis key prefix of the score cache (`toxfleet.cache`: entries, index and stats)."""
+
+WORKERS_KEY = "toxfleet:workers"
+"""Redis sorted set: worker hostname -> unix time of its last heartbeat."""
+
+WORKER_INFO_PREFIX = "toxfleet:worker:"
+"""Redis key prefix of a worker's `Heartbeat` (JSON), expiring."""
+
+HEARTBEAT_SECONDS = 5.0
+"""Seconds between two heartbeats of a worker."""
+
+HEARTBEAT_STALE_SECONDS = 15
+"""A worker whose last heartbeat is older than this is not counted as answering."""
+
+
+def job_key(job_id: str) -> str:
+    return JOB_KEY_PREFIX + job_id
+
+
+def lease_key(task_id: str) -> str:
+    return LEASE_PREFIX + task_id
+
+
+def rate_key(ident: str, second: int) -> str:
+    """The counter of key `ident`'s requests in the one-second window `second` (unix time)."""
+    return f"{RATE_KEY_PREFIX}{ident}:{second}"
+
+
+def worker_info_key(hostname: str) -> str:
+    return WORKER_INFO_PREFIX + hostname
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a worker says about itself under `worker_info_key(hostname)`, while its hostname is beating
+    in `WORKERS_KEY`. The API reads `model`, `backend` and `cache` (may the score cache answer?) and
+    `concurrency` (the backpressure limit); the rest is for people. Field order is the JSON's."""
+
+    hostname: str
+    model: str | None = None
+    backend: str | None = None
+    cache: bool = False
+    concurrency: int = 1
+    pid: int | None = None
+    host: str | None = None
+    model_loads: int | None = None
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Heartbeat:
+        """Tolerant of fields an older or newer worker does (not) write."""
+        data: dict[str, Any] = json.loads(raw)
+        return cls(hostname=str(data.get("hostname", "")), model=data.get("model"), backend=data.get("backend"),
+                   cache=bool(data.get("cache")), concurrency=int(data.get("concurrency", 1)),
+                   pid=data.get("pid"), host=data.get("host"), model_loads=data.get("model_loads"))
+
+    def write(self, pipe: Any, now: float) -> None:
+        """Queue one beat on a (sync) pipeline: the hostname's time, and this description, which
+        expires after three missed beats."""
+        pipe.zadd(WORKERS_KEY, {self.hostname: now})
+        pipe.set(worker_info_key(self.hostname), self.encode(), ex=int(HEARTBEAT_SECONDS * 3))
+
+    @staticmethod
+    def clear(client: Any, hostname: str) -> None:
+        """A worker leaving says so at once (else it counts until its beat goes stale)."""
+        client.zrem(WORKERS_KEY, hostname)
+        client.delete(worker_info_key(hostname))
