@@ -35,15 +35,16 @@ import redis
 
 from testing import RedisServer, base_env, free_port, start_api, start_worker
 from toxfleet import cache as score_cache
+from toxfleet import keys
 from toxfleet.corpus import CommentCorpus
 
 TOXFLEET = str(Path(sys.executable).parent / "toxfleet")
 
 
 def _clear_cache(client: redis.Redis) -> None:
-    keys = list(client.scan_iter(match=score_cache.PREFIX + "*", count=1000))
-    for i in range(0, len(keys), 1000):
-        client.delete(*keys[i: i + 1000])
+    found = list(client.scan_iter(match=keys.CACHE_PREFIX + "*", count=1000))
+    for i in range(0, len(found), 1000):
+        client.delete(*found[i: i + 1000])
 
 
 def _run_cli(url: str, src: Path, out: Path, env: dict[str, str], job_size: int, in_flight: int) -> float:

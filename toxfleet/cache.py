@@ -33,12 +33,11 @@ import redis.asyncio as aioredis
 from toxfleet.contract import WINDOW_OVERLAP_TOKENS, WINDOWS
 from toxfleet.keys import CACHE_PREFIX
 
-PREFIX = CACHE_PREFIX
-ENTRY_PREFIX = PREFIX + "e:"
+ENTRY_PREFIX = CACHE_PREFIX + "e:"
 """Redis key prefix of cache entries (JSON `{label: probability}`)."""
-INDEX_KEY = PREFIX + "index"
+INDEX_KEY = CACHE_PREFIX + "index"
 """Sorted set: entry key -> unix time of its last write; enforces the size cap."""
-STATS_KEY = PREFIX + "stats"
+STATS_KEY = CACHE_PREFIX + "stats"
 """Hash of fleet-wide counters: hits, misses, writes, evictions."""
 
 DEFAULT_TTL = 86_400

@@ -20,15 +20,6 @@ from __future__ import annotations
 
 from toxfleet.chunking import split
 
-# Transitional re-exports: the Redis keys live in `toxfleet.keys`; these names stay only until
-# worker/tasks.py and the worker's heartbeat read them from there (dropped at the merge).
-from toxfleet.keys import HEARTBEAT_STALE_SECONDS as HEARTBEAT_STALE_SECONDS
-from toxfleet.keys import PENDING_ARGS_KEY as PENDING_ARGS_KEY
-from toxfleet.keys import PENDING_KEY as PENDING_KEY
-from toxfleet.keys import UNACKED_KEY as UNACKED_KEY
-from toxfleet.keys import WORKER_INFO_PREFIX as WORKER_INFO_PREFIX
-from toxfleet.keys import WORKERS_KEY as WORKERS_KEY
-
 SCORE_TASK = "toxfleet.score"
 """Name of the scoring task; callers use `app.send_task(SCORE_TASK, args=[texts])`."""
 

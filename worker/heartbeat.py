@@ -8,7 +8,8 @@ info key are read by the API: they must not change.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -18,29 +19,23 @@ from collections.abc import Callable
 
 import redis
 
-from toxfleet import contract
+from toxfleet.keys import HEARTBEAT_SECONDS, Heartbeat
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_SECONDS = 5.0
-"""How often a worker refreshes its entry in the worker registry the API reads for /readyz."""
 
-
-class Heartbeat(threading.Thread):
+class HeartbeatThread(threading.Thread):
     """Beats every HEARTBEAT_SECONDS once `model_loads()` (pool processes that loaded the model) is
-    above zero, and removes the worker's entry on `stop()`."""
+    above zero, and removes the worker's entry on `stop()`. What a beat says is `toxfleet.keys.Heartbeat`."""
 
     def __init__(self, settings: WorkerSettings, hostname: str, concurrency: int, backend: str,
                  model_loads: Callable[[], int]) -> None:
         super().__init__(name="toxfleet-heartbeat", daemon=True)
         self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-        self._hostname = hostname
         self._model_loads = model_loads
-        self._info = {"hostname": hostname, "model": settings.model_identity,
-                      "backend": backend, "cache": settings.cache,
-                      "concurrency": concurrency,
-                      "pid": os.getpid(), "host": socket.gethostname()}
+        self._beat = Heartbeat(hostname, model=settings.model_identity, backend=backend, cache=settings.cache,
+                               concurrency=concurrency, pid=os.getpid(), host=socket.gethostname())
         # Not `_stop`: threading.Thread has a `_stop()` method that fork calls on every thread.
         self._stopping = threading.Event()
 
@@ -48,11 +43,9 @@ class Heartbeat(threading.Thread):
         while not self._stopping.is_set():
             loads = self._model_loads()
             if loads:
-                info = json.dumps({**self._info, "model_loads": loads})
                 try:
                     with self._redis.pipeline(transaction=False) as pipe:
-                        pipe.zadd(contract.WORKERS_KEY, {self._hostname: time.time()})
-                        pipe.set(contract.WORKER_INFO_PREFIX + self._hostname, info, ex=int(HEARTBEAT_SECONDS * 3))
+                        dataclasses.replace(self._beat, model_loads=loads).write(pipe, time.time())
                         pipe.execute()
                 except Exception as exc:  # Redis away: keep trying, the API will call us absent
                     logger.debug("heartbeat failed: %r", exc)
@@ -61,8 +54,5 @@ class Heartbeat(threading.Thread):
 
     def stop(self) -> None:
         self._stopping.set()
-        try:
-            self._redis.zrem(contract.WORKERS_KEY, self._hostname)
-            self._redis.delete(contract.WORKER_INFO_PREFIX + self._hostname)
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):  # Redis away: the entry goes stale by itself
+            Heartbeat.clear(self._redis, self._beat.hostname)

@@ -22,7 +22,7 @@ from toxfleet import logs
 from worker import state
 from worker.exports.artifacts import ExportError
 from worker.gate.selection import check_backend
-from worker.heartbeat import Heartbeat
+from worker.heartbeat import HeartbeatThread
 from worker.settings import get_settings
 from worker.sweeper import Sweeper
 from worker.tasks import score
@@ -35,7 +35,7 @@ _backend_name: str | None = None
 """The backend `auto` resolved to in the main process, for the heartbeat (pool processes resolve alike)."""
 _backend_why = ""
 """Why that backend (the gate's decision, or why `auto` runs the reference), logged once the worker is ready."""
-_heartbeat: Heartbeat | None = None
+_heartbeat: HeartbeatThread | None = None
 _sweeper: Sweeper | None = None
 
 
@@ -101,8 +101,8 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     # line logged before that is dropped.
     logger.info("backend %s (%s)", _backend_name, _backend_why)
     settings = get_settings()
-    _heartbeat = Heartbeat(settings, sender.hostname, sender.controller.concurrency,
-                           _backend_name or settings.backend, _model_loads)
+    _heartbeat = HeartbeatThread(settings, sender.hostname, sender.controller.concurrency,
+                                 _backend_name or settings.backend, _model_loads)
     _heartbeat.start()
     if settings.sweep_seconds > 0:
         _sweeper = Sweeper(settings.redis_url, score.backend.get_key_for_task,

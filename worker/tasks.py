@@ -11,7 +11,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from toxfleet import contract
+from toxfleet import contract, pending
 from toxfleet.cache import ScoreCache, Scores, namespace
 from worker import metrics, state
 from worker.batching import BatchTask
@@ -87,9 +87,8 @@ class ScoreTask(BatchTask):
         metrics.count_failures("worker_lost")
 
     def on_publish_again(self, task_id: str, stamp: float) -> None:
-        # The pending time must equal the new message's stamp (worker.sweeper compares the two);
-        # XX: a task sent straight to Celery, never recorded as pending, stays unrecorded.
-        self.backend.client.zadd(contract.PENDING_KEY, {task_id: stamp}, xx=True)
+        # The pending time must equal the new message's stamp (worker.sweeper compares the two).
+        pending.restamp(self.backend.client, task_id, stamp)
 
     def run_batch(self, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         started = time.perf_counter()
