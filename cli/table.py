@@ -9,6 +9,7 @@ to be, and carries on from the next input row.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import os
@@ -29,6 +30,17 @@ def guess_format(path: str) -> str:
     return "csv" if path.lower().endswith((".csv", ".csv.gz")) else "jsonl"
 
 
+def is_gzipped(path: str) -> bool:
+    return path.lower().endswith(".gz")
+
+
+def _open_input(path: str) -> IO[str]:
+    """A text reader of the input; `.gz` inputs are decompressed on the fly."""
+    if is_gzipped(path):
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")  # noqa: SIM115 - the caller closes it
+
+
 @dataclass
 class Row:
     """An input row: its fields, and its text (None, with `error` set, when it has none to score)."""
@@ -41,7 +53,7 @@ class Row:
 
 def read_rows(path: str, fmt: str, field: str) -> Iterator[Row]:
     """The input's rows in order (JSONL: one object a line, blank lines skipped; CSV: with a header)."""
-    with open(path, encoding="utf-8", newline="") as f:
+    with _open_input(path) as f:
         if fmt == "csv":
             reader = csv.DictReader(f)
             if reader.fieldnames is None or field not in reader.fieldnames:
@@ -125,6 +137,7 @@ class Resume:
 
 def inspect_output(path: str, fmt: str) -> Resume:
     """Count the complete rows of an existing output, cutting off a torn last row in place."""
+    _refuse_gzip_output(path)
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return Resume(0, None, None)
     records, end = _complete_records(path, fmt)
@@ -172,7 +185,16 @@ def _cell(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
 
 
+def _refuse_gzip_output(path: str) -> None:
+    if is_gzipped(path):
+        # Resuming needs the rows already written, and a gzip stream cut by a kill mid-write cannot be
+        # appended to safely: write plain text and compress it when the run is done.
+        raise SystemExit(f"toxfleet: {path}: gzip output is not supported (resumable output must be plain "
+                         "text); write it without .gz and compress it afterwards")
+
+
 def open_output(path: str) -> IO[str]:
+    _refuse_gzip_output(path)
     if path == "-":
         return sys.stdout
     Path(path).parent.mkdir(parents=True, exist_ok=True)

