@@ -67,6 +67,11 @@ def remote(client: Client, batches: Iterable[list[table.Row]], args: argparse.Na
         yield rows, assemble(rows, scored)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, as Linux does; else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def local(batches: Iterable[list[table.Row]], args: argparse.Namespace,
           thresholds: float | dict[str, float] | None) -> Iterator[tuple[list[table.Row], list[Scored]]]:
     """The same, scored in this process by the worker's scorer (needs the `worker` extra)."""
@@ -76,7 +81,7 @@ def local(batches: Iterable[list[table.Row]], args: argparse.Namespace,
     except ImportError as exc:
         raise SystemExit(LOCAL_NEEDS.format(exc)) from None
     try:
-        scorer = load_local_scorer(args.threads or len(os.sched_getaffinity(0)))
+        scorer = load_local_scorer(args.threads or usable_cpus())
     except ImportError as exc:  # the worker package is there, its torch/detoxify are not
         raise SystemExit(LOCAL_NEEDS.format(exc)) from None
     flags = Thresholds().override(thresholds)

