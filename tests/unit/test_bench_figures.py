@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import report
+from bench import points, report, sections
 from bench.cpu import CpuMeter, process_seconds, process_tree
 from bench.load import DROPPED, ERROR, OK, REFUSED, TIMEOUT, Sample
 from bench.measurement import batch_summary, window_figures
@@ -100,12 +100,12 @@ def test_throughput_is_token_normalised() -> None:
 
     short = {"texts_per_s": 10.0, "tokens_per_s": 500.0}  # 10 texts of 50 tokens: 5 corpus-average texts
     m = model([short], {"texts_per_s": 8.0, "tokens_per_s": 900.0})
-    report.normalise(m)
-    assert short[report.THROUGHPUT] == 5.0 and m["ceiling"]["configs"][0]["runs"][0][report.THROUGHPUT] == 9.0
+    points.normalise(m)
+    assert short[points.THROUGHPUT] == 5.0 and m["ceiling"]["configs"][0]["runs"][0][points.THROUGHPUT] == 9.0
     old = {"texts_per_s": 10.0, "tokens_per_s": None}
     m = model([old], {"texts_per_s": 8.0, "tokens_per_s": 900.0})
-    report.normalise(m)
-    assert old[report.THROUGHPUT] == 10.0 and m["ceiling"]["configs"][0]["runs"][0][report.THROUGHPUT] == 8.0
+    points.normalise(m)
+    assert old[points.THROUGHPUT] == 10.0 and m["ceiling"]["configs"][0]["runs"][0][points.THROUGHPUT] == 8.0
 
 
 def test_batch_summary_reads_the_worker_log(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def results(bl_tput: float, tf_tput: float, bl_p99: float, tf_p99: float, p50s: 
 
     bl = {"system": "baseline", "mode": "baseline", "loop": "closed"}
     tf = {"system": "toxfleet", "mode": "jobs", "loop": "closed"}
-    points = [
+    pts = [
         {**bl, "clients": 100, "windows": [window(bl_tput, 1, bl_p99)]},
         {**tf, "clients": 100, "windows": [window(tf_tput, 1, tf_p99)]},
         {**bl, "clients": 1, "windows": [window(5, p50s[0], 1)]},
@@ -171,10 +171,10 @@ def results(bl_tput: float, tf_tput: float, bl_p99: float, tf_p99: float, p50s: 
          "windows": [window(10, 1, p) for p in open_p99], "outstanding": outstanding or []},
     ]
     run = {"texts_per_s": ceiling, "tokens_per_s": ceiling * 100, "useful_gflops": 100.0}
-    model = {"profile": {"clients": [1, 100], "open_loads": [2.0]}, "points": points, "tokens": {"mean": 100.0},
+    model = {"profile": {"clients": [1, 100], "open_loads": [2.0]}, "points": pts, "tokens": {"mean": 100.0},
              "ceiling": {"best": "b", "configs": [{"config": {"label": "b"}, "runs": [run]}],
                          "reference": {"runs": []}}}
-    report.normalise(model)
+    points.normalise(model)
     return model
 
 
@@ -182,18 +182,18 @@ def test_report_verdicts_follow_the_issue_targets() -> None:
     """Each target is met or not by the same-run figures: 1.4x throughput, 85 % of ceiling, 0.6x p99,
     +30 ms p50, and an open-loop queue that stops growing (judged on its last window: 160 arrivals)."""
     # The queue fills during the first windows, then holds: bounded, however far it grew from the start.
-    good = report.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0, 9.0, 9.5],
+    good = sections.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0, 9.0, 9.5],
                                                outstanding=[5, 90, 128, 120]), peak=300)
     assert "not met" not in good and good.count("| met |") == 5
     assert "1.50×" in good and "90%" in good and "33% of peak" in good
-    bad = report.targets_section("m", results(6, 8, 29, 20, (0.10, 0.2), 10, [2.0, 4.0, 8.0],
+    bad = sections.targets_section("m", results(6, 8, 29, 20, (0.10, 0.2), 10, [2.0, 4.0, 8.0],
                                               outstanding=[20, 60, 100, 140]), peak=300)
     assert bad.count("**not met**") == 5 and "20 → 60 → 100 → 140" in bad
     # Still growing by a quarter of the arrivals in the last window: not bounded.
-    queue_grows = report.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0, 2.1, 2.2],
+    queue_grows = sections.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0, 2.1, 2.2],
                                                       outstanding=[20, 60, 100, 140]), peak=300)
     assert queue_grows.count("**not met**") == 1
-    one_window = report.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0]), peak=300)
+    one_window = sections.targets_section("m", results(6, 9, 29, 10, (0.10, 0.12), 10, [2.0]), peak=300)
     assert "n/a" in one_window
 
 
