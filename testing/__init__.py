@@ -6,7 +6,7 @@ environment that runs pytest or the benchmark is the one under test.
 """
 
 from testing.checkpoints import MODELS, synthetic_checkpoint
-from testing.processes import ROOT, Proc, base_env, free_port, wait_for
+from testing.processes import ROOT, Proc, base_env, child_pids, free_port, wait_for
 from testing.redis_server import RedisServer
 from testing.services import Fleet, FleetSpec, start_api, start_fleet, start_flower, start_worker
 
@@ -18,6 +18,7 @@ __all__ = [
     "Proc",
     "RedisServer",
     "base_env",
+    "child_pids",
     "free_port",
     "start_api",
     "start_fleet",

@@ -34,6 +34,19 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
+def child_pids(parent: int) -> list[int]:
+    """Pids of a process's direct children (a Celery worker's pool processes), read from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 @dataclass
 class Proc:
     """A child process whose output goes to a log file the test can read."""

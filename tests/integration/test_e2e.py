@@ -4,14 +4,17 @@ API served by uvicorn, several concurrent HTTP clients, scores checked against D
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import time
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
-from testing import Fleet, FleetSpec, wait_for
-from toxfleet import contract
+from testing import Fleet, FleetSpec, child_pids, wait_for
+from toxfleet import contract, keys
 from toxfleet.corpus import CommentCorpus
 
 FLOWER_AUTH = ("tester", "s3cret-flower")
@@ -60,27 +63,38 @@ def test_texts_from_several_jobs_share_one_batch(fleet: Fleet) -> None:
     """While the pool is busy, small jobs from many clients queue up and are scored in one batch."""
     from celery import Celery
 
-    app = Celery(broker=fleet.redis.url, backend=fleet.redis.url)
-    app.conf.update(result_serializer="json", accept_content=["json"])
-    with httpx.Client(base_url=fleet.url, timeout=30) as c:
-        # Long texts keep both pool processes busy for a moment, so the small jobs below wait together.
-        # Distinct texts, or the score cache would answer all but the first few from Redis.
-        blocker = c.post("/v1/jobs", json={"texts": [f"{i} " + "word " * 600 for i in range(200)]}).json()["id"]
-
-        def submit(i: int) -> str:
-            job_id: str = c.post("/v1/jobs", json={"texts": [f"burst text {i}"]}).json()["id"]
-            return job_id
-
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            ids = list(pool.map(submit, range(40)))
-        for job_id in [blocker, *ids]:
-            assert c.get(f"/v1/jobs/{job_id}", params={"wait": 30}).json()["status"] == "succeeded"
+    # Sending without a result backend: a sender with one subscribes to every task's result channel,
+    # which outlives the test (its AsyncResults then try to unsubscribe from a stopped Redis).
+    sender = Celery(broker=fleet.redis_url)
+    sender.conf.update(task_serializer="json", accept_content=["json"])
+    reader = Celery(backend=fleet.redis_url)
+    reader.conf.update(result_serializer="json", accept_content=["json"])
+    assert fleet.worker.proc is not None
+    pool = child_pids(fleet.worker.proc.pid)
+    assert len(pool) == 2, pool
+    # The pool processes are held busy (stopped) while the jobs arrive, as a long batch would hold them,
+    # but for exactly as long as the main process needs to buffer every job, however slow the machine.
+    for pid in pool:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        ids = [sender.send_task(contract.SCORE_TASK, args=[[f"burst text {i}"]], queue=contract.QUEUE).id
+               for i in range(40)]
+        client = redis.Redis.from_url(fleet.redis_url)
+        wait_for(lambda: client.llen(contract.QUEUE) == 0 and client.hlen(keys.UNACKED_KEY) >= 40, 60,
+                 "the worker to take every job")
+    finally:
+        for pid in pool:
+            os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: all(reader.backend.get_task_meta(t)["status"] == "SUCCESS" for t in ids), 60, "the jobs")
     batches: dict[str, set[str]] = {}
-    for job_id in ids:
-        meta = app.backend.get_task_meta(contract.chunk_task_id(job_id, 0))
-        batches.setdefault(meta["batch"]["id"], set()).add(job_id)
+    for task_id in ids:
+        meta = reader.backend.get_task_meta(task_id)
+        assert len(meta["result"]) == 1
+        batches.setdefault(meta["batch"]["id"], set()).add(task_id)
     sizes = sorted((len(j) for j in batches.values()), reverse=True)
-    assert sizes[0] >= 8, f"jobs per batch: {sizes}"
+    # Each stopped process was handed the first job that came; the 38 behind them are shared out when
+    # the processes resume.
+    assert sizes[0] >= 8 and sum(sizes) == 40, f"jobs per batch: {sizes}"
     assert "requests=" in fleet.worker.output()
 
 

@@ -27,7 +27,17 @@ import httpx
 import pytest
 import redis
 
-from testing import ROOT, Proc, RedisServer, free_port, start_api, start_worker, synthetic_checkpoint, wait_for
+from testing import (
+    ROOT,
+    Proc,
+    RedisServer,
+    child_pids,
+    free_port,
+    start_api,
+    start_worker,
+    synthetic_checkpoint,
+    wait_for,
+)
 from toxfleet import contract
 from toxfleet.corpus import CommentCorpus
 from toxfleet.keys import LEASE_PREFIX
@@ -187,19 +197,6 @@ def celery_client(url: str) -> Any:
 def jobs(n: int, seed: int) -> list[list[str]]:
     corpus = CommentCorpus(seed)
     return [corpus.texts(1 + i % 3) for i in range(n)]
-
-
-def pool_pids(parent: int) -> list[int]:
-    """Pids of a worker's pool processes (its direct children)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 def running_batch_pid(url: str, timeout: float = 30) -> int:
@@ -394,7 +391,7 @@ def test_poison_text_fails_only_its_job(poison_checkpoint: tuple[Path, Path, int
     w = start_worker(tmp_path, aof_redis.url, (ckpt, hf), name="poisoned")
     api, url = start_api(tmp_path, aof_redis.url)
     assert w.proc is not None
-    children = pool_pids(w.proc.pid)
+    children = child_pids(w.proc.pid)
     try:
         # Freeze the pool: two jobs occupy its two processes, the rest wait in the worker's buffer
         # and go out together as one batch of good and bad texts when the pool thaws.
