@@ -8,12 +8,12 @@ over fixed windows reads each process's CPU seconds from /proc (utime + stime) a
     API (uvicorn) | worker main | pool (all processes) | Flower | redis-server | load generator
 
 Variants change only the environment or the command lines (never the code), so a configuration's
-effect shows side by side with the default, in the same minute, on the same cores. `--before REV`
-also runs every variant on the code of a git revision (exported to a temporary directory, which the
-processes start in), interleaved with the working tree's, so a change's effect shows the same way:
+effect shows side by side with the default, in the same minute, on the same cores. `--revs A,B`
+runs every variant on the code of each git revision instead of the working tree (each exported to a
+temporary directory, which the processes start in), interleaved, so a commit's effect shows the same way:
 
     python -m bench.cpu_per_job --variants default,warning --repeats 2
-    python -m bench.cpu_per_job --before HEAD~1 --repeats 3
+    python -m bench.cpu_per_job --revs HEAD~1,HEAD --repeats 3
     python -m bench.cpu_per_job --variants default --profile var/profiles   # py-spy every process
 
 `--profile DIR` also records each process with py-spy (raw collapsed stacks, one file per process)
@@ -256,8 +256,8 @@ def main() -> None:
                         help="more py-spy options; --gil (default) samples only the thread holding the GIL, "
                              "a proxy for the CPU the interpreter uses; '' for wall-clock stacks")
     parser.add_argument("--json", type=Path, help="append every window's figures here")
-    parser.add_argument("--before", metavar="REV",
-                        help="also run every variant on this git revision's code, interleaved (as NAME@REV)")
+    parser.add_argument("--revs", metavar="A,B",
+                        help="run every variant on each of these git revisions' code, interleaved (as NAME@REV)")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
     if args.list:
@@ -265,9 +265,7 @@ def main() -> None:
             print(f"{name:18} {v.about}")
         return
     texts = CommentCorpus(DEFAULT_SEED).texts(500)
-    trees = {"": ROOT}
-    if args.before:
-        trees[f"@{args.before}"] = export_tree(args.before)
+    trees = {f"@{rev}": export_tree(rev) for rev in args.revs.split(",")} if args.revs else {"": ROOT}
     runs = [(name + suffix, name, tree) for name in args.variants.split(",") for suffix, tree in trees.items()]
     rows: list[dict[str, Any]] = []
     for rnd in range(args.repeats):
