@@ -190,3 +190,42 @@ def test_backlog_limit_counts_prefetched_work_and_scales_with_workers(clean_redi
         time.sleep(2.1)
         codes = [c.post("/v1/jobs", json={"texts": [f"c{i}"]}).status_code for i in range(5)]
         assert codes == [202, 202, 202, 202, 429]
+
+
+def test_long_polls_cost_no_pub_sub_command_each(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Long-polls register with the API's one pattern subscription (made once, confirmed before any
+    read): no SUBSCRIBE/UNSUBSCRIBE per poll. A GET right after a submit takes the manifest the
+    process just wrote from memory: no GET round trip either."""
+    r = redis_server.client()
+    r.config_resetstat()
+    for i in range(5):
+        job_id = client.post("/v1/jobs", json={"texts": [f"text {i}"]}).json()["id"]
+        assert client.get(f"/v1/jobs/{job_id}", params={"wait": 0.1}).json()["status"] == "queued"
+    stats = r.info("commandstats")
+    assert "cmdstat_subscribe" not in stats and "cmdstat_unsubscribe" not in stats, stats
+    assert stats["cmdstat_psubscribe"]["calls"] == 1, stats
+    assert "cmdstat_get" not in stats, stats
+
+
+def test_a_published_result_wakes_the_long_poll(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """A result published on its key's channel (as the workers publish each result they store) answers
+    a waiting long-poll. Here it is only published, never stored, so nothing but the pub/sub path can
+    deliver it; it is published until the poll answers, as the poll registers at a time the test cannot see."""
+    import concurrent.futures
+    import json
+
+    from toxfleet import meta
+
+    r = redis_server.client()
+    job_id = client.post("/v1/jobs", json={"texts": ["hello"]}).json()["id"]
+    task_id = contract.chunk_task_id(job_id, 0)
+    scores = dict.fromkeys(contract.LABELS, 0.25)
+    stored = json.dumps(meta.build(meta.SUCCESS, [scores], task_id=task_id, date_done=None, extra={"model": "m"}))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(client.get, f"/v1/jobs/{job_id}", params={"wait": 2})
+        while not poll.done():
+            r.publish(f"celery-task-meta-{task_id}", stored)
+            time.sleep(0.05)
+        body = poll.result().json()
+    assert body["status"] == "succeeded" and body["results"] == [scores], body
+    assert r.get(f"celery-task-meta-{task_id}") is None  # not stored: the pub/sub message answered
