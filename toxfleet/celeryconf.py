@@ -34,7 +34,7 @@ def celery_config(*, visibility_timeout: int, result_expires: int) -> dict[str, 
         "visibility_timeout": visibility_timeout,
         "result_expires": result_expires,
         "broker_connection_retry_on_startup": True,
-        # No task-sent events: the worker's task-received carries the same for Flower, and each
-        # event is one more Redis round trip on the submit path.
+        # No task-sent events: the worker's one event per request (succeeded/failed) carries the same
+        # for Flower, and each event is one more Redis round trip on the submit path.
         "task_send_sent_event": False,
     }
