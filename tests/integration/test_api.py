@@ -8,10 +8,12 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from api.celery_client import make_celery, send_chunks
 from api.main import create_app
 from api.settings import ApiSettings
 from testing import RedisServer, free_port
-from toxfleet import contract, keys
+from toxfleet import contract, keys, meta
+from toxfleet.transport import Transport
 
 
 @pytest.fixture
@@ -214,8 +216,6 @@ def test_a_published_result_wakes_the_long_poll(client: TestClient, redis_server
     import concurrent.futures
     import json
 
-    from toxfleet import meta
-
     r = redis_server.client()
     job_id = client.post("/v1/jobs", json={"texts": ["hello"]}).json()["id"]
     task_id = contract.chunk_task_id(job_id, 0)
@@ -229,3 +229,15 @@ def test_a_published_result_wakes_the_long_poll(client: TestClient, redis_server
         body = poll.result().json()
     assert body["status"] == "succeeded" and body["results"] == [scores], body
     assert r.get(f"celery-task-meta-{task_id}") is None  # not stored: the pub/sub message answered
+
+
+def test_the_broker_reuses_one_redis_client_per_channel(clean_redis: RedisServer) -> None:
+    """On a redis:// broker the API's Celery app runs toxfleet's transport: kombu's, but one Redis
+    client per channel instead of a new one per publish; messages still reach the queue."""
+    celery = make_celery(ApiSettings(redis_url=clean_redis.url))
+    with celery.connection_for_write() as conn:
+        assert isinstance(conn.transport, Transport)
+        channel = conn.default_channel
+        assert channel._create_client() is channel._create_client()
+    send_chunks(celery, "0" * 32, [["a"], ["b"]], None, time.time())
+    assert clean_redis.client().llen(contract.QUEUE) == 2
