@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick bench-backends bench-cache export clean
+.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick bench-backends bench-cache bench-cpu export clean
 
 venv: $(VENV)/.installed
 
@@ -71,6 +71,11 @@ bench-quick: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt
 bench-cache: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt
 	$(PY) -m bench.cache --checkpoint $(MODELS)/unbiased-small/model.ckpt --hf $(MODELS)/unbiased-small/hf \
 		--json var/bench-cache.json
+
+## CPU per job of each process (API, worker main, pool, Flower, Redis) and Redis commands per job, tiny
+## model, 32 clients, one-text jobs; BENCH_ARGS e.g. "--revs HEAD~1,HEAD --repeats 3" compares commits.
+bench-cpu: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt
+	$(PY) -m bench.cpu_per_job --variants default,flower --repeats 2 --json var/bench-cpu.json $(BENCH_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -31,7 +31,8 @@ def make_celery(settings: ApiSettings) -> Celery:
     backend = f"{SendOnlyRedisBackend.__module__}:{SendOnlyRedisBackend.__qualname__}+{settings.redis_url}"
     app = Celery("toxfleet-api", broker=settings.redis_url, backend=backend, set_as_current=False)
     app.conf.update(
-        celery_config(visibility_timeout=settings.visibility_timeout, result_expires=settings.result_expires),
+        celery_config(visibility_timeout=settings.visibility_timeout, result_expires=settings.result_expires,
+                      broker_url=settings.redis_url),
         # Fail fast when Redis is away: the client gets a 503 and retries, instead of a hung request.
         task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
         broker_connection_timeout=settings.redis_timeout,

@@ -33,7 +33,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="toxfleet", version="0.1.0", lifespan=lifespan,
                   description="Toxicity scoring with Detoxify on a batched Celery worker fleet. "
                               "Submit with `POST /v1/jobs`, then `GET` the `Location` it returns.")
-    app.dependency_overrides[get_settings] = lambda: settings
+    app.state.settings = settings  # read by api.deps.get_settings
     errors.install(app)
     bodylimit.install(app, settings.max_body_bytes)
     routers = [jobs.router, compat.router, health.router] + ([metrics.router] if settings.metrics_enabled else [])

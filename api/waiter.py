@@ -5,8 +5,11 @@ pub/sub connection per waiting request would tie up one Redis connection per cli
 long-polling exhausted the pool in the benchmark); here one listener task reads a single connection
 and hands each message to the requests waiting on that key.
 
-A waiter subscribes, waits for Redis to *confirm* the subscription, and only then reads the current
-state, so a result stored in between is seen by one or the other. After a reconnect (results
+The connection holds one permanent pattern subscription to every result channel, confirmed by Redis
+before the first waiter reads any state. A waiter then only registers its keys in this process and
+reads the current state, so a result stored in between is seen by one or the other, with no Redis
+command per long-poll (a SUBSCRIBE/UNSUBSCRIBE pair and a confirmation per poll cost more than the
+messages of results nobody here waits for, which are dropped on arrival). After a reconnect (results
 published meanwhile are gone) every waiter is woken to read the state again.
 """
 
@@ -21,8 +24,6 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from toxfleet.keys import WAITER_CHANNEL
-
 logger = logging.getLogger(__name__)
 
 RESYNC = None
@@ -31,23 +32,36 @@ RESYNC = None
 Queue = asyncio.Queue[tuple[bytes, bytes] | None]
 
 
-class ResultWaiter:
-    """Shared subscriptions to result channels; `watching(keys)` yields a queue of (key, value)."""
+def channel_pattern(prefix: bytes) -> bytes:
+    """A PSUBSCRIBE pattern matching every channel that starts with `prefix` (glob characters escaped)."""
+    escaped = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in prefix)
+    return escaped + b"*"
 
-    def __init__(self, redis: aioredis.Redis, timeout: float) -> None:
+
+class ResultWaiter:
+    """One pattern subscription to all result channels; `watching(keys)` yields a queue of (key, value)."""
+
+    def __init__(self, redis: aioredis.Redis, timeout: float, result_prefix: bytes) -> None:
         self._redis = redis
         self._timeout = timeout
+        self._pattern = channel_pattern(result_prefix)
         self._pubsub: Any = None
         self._listener: asyncio.Task[None] | None = None
+        self._subscribed: asyncio.Future[None] | None = None
         self._queues: dict[bytes, set[Queue]] = {}
-        self._confirmed: set[bytes] = set()
-        self._confirming: dict[bytes, list[asyncio.Future[None]]] = {}
 
     async def _start(self) -> None:
         if self._listener is None or self._listener.done():
+            # No await between the check and the assignments: concurrent first requests share one listener.
+            self._subscribed = asyncio.get_running_loop().create_future()
             self._pubsub = self._redis.pubsub()
-            await self._pubsub.subscribe(WAITER_CHANNEL)
             self._listener = asyncio.create_task(self._listen(), name="toxfleet-result-waiter")
+        assert self._subscribed is not None
+        if not self._subscribed.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._subscribed), self._timeout)
+            except TimeoutError as exc:
+                raise RedisError("no subscription confirmation from Redis") from exc
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -59,11 +73,15 @@ class ResultWaiter:
                 await self._pubsub.aclose()
 
     async def _listen(self) -> None:
-        broken = False
+        sent = broken = False
         while True:
             try:
+                if not sent:
+                    await self._pubsub.psubscribe(self._pattern)
+                    sent = True
+                elif broken:
+                    await self._pubsub.connect()  # re-subscribes the pattern (redis-py on_connect)
                 if broken:
-                    await self._pubsub.connect()  # re-subscribes every channel (redis-py on_connect)
                     broken = False
                     self._wake_all()
                 message = await self._pubsub.get_message(timeout=1.0)
@@ -76,15 +94,11 @@ class ResultWaiter:
                 continue
             if message is None:
                 continue
-            channel = message["channel"]
-            if message["type"] == "subscribe":
-                self._confirmed.add(channel)
-                for future in self._confirming.pop(channel, []):
-                    if not future.done():
-                        future.set_result(None)
-            elif message["type"] == "message":
-                for queue in self._queues.get(channel, ()):
-                    queue.put_nowait((channel, message["data"]))
+            if message["type"] == "pmessage":
+                for queue in self._queues.get(message["channel"], ()):
+                    queue.put_nowait((message["channel"], message["data"]))
+            elif message["type"] == "psubscribe" and self._subscribed is not None and not self._subscribed.done():
+                self._subscribed.set_result(None)
 
     def _wake_all(self) -> None:
         for queues in self._queues.values():
@@ -93,44 +107,19 @@ class ResultWaiter:
 
     @contextlib.asynccontextmanager
     async def watching(self, keys: Iterable[bytes]) -> AsyncIterator[Queue]:
-        """Subscribe to `keys` (confirmed by Redis on return) for the duration of the block."""
+        """Deliver the results published on `keys` for the duration of the block (the subscription is
+        confirmed by Redis on return)."""
         await self._start()
         keys = list(dict.fromkeys(keys))
         queue: Queue = asyncio.Queue()
-        new: list[bytes] = []
         for key in keys:
-            waiting = self._queues.setdefault(key, set())
-            if not waiting:
-                new.append(key)
-            waiting.add(queue)
+            self._queues.setdefault(key, set()).add(queue)
         try:
-            # Every key not yet confirmed, including one another request is subscribing right now.
-            loop = asyncio.get_running_loop()
-            futures = []
-            for key in keys:
-                if key not in self._confirmed:
-                    future: asyncio.Future[None] = loop.create_future()
-                    self._confirming.setdefault(key, []).append(future)
-                    futures.append(future)
-            if new:
-                await self._pubsub.subscribe(*new)
-            if futures:
-                try:
-                    await asyncio.wait_for(asyncio.gather(*futures), self._timeout)
-                except TimeoutError as exc:
-                    raise RedisError("no subscription confirmation from Redis") from exc
             yield queue
         finally:
-            gone = []
             for key in keys:
                 watchers = self._queues.get(key)
                 if watchers is not None:
                     watchers.discard(queue)
                     if not watchers:
                         del self._queues[key]
-                        self._confirmed.discard(key)
-                        self._confirming.pop(key, None)
-                        gone.append(key)
-            if gone and self._pubsub is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    await self._pubsub.unsubscribe(*gone)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 _PROC = Path("/proc")
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -78,6 +79,8 @@ class CpuSnapshot:
     service: dict[int, float]
     client: float
     machine: float
+    roles: dict[int, str] = field(default_factory=dict)
+    """pid -> the part of the service it is (e.g. api, worker main, pool, redis)."""
 
 
 @dataclass(frozen=True)
@@ -88,21 +91,31 @@ class CpuUse:
     client: float
     other: float
     machine: float
+    roles: dict[str, float] = field(default_factory=dict)
+    """Cores used by each part of the service (see `CpuMeter`)."""
 
-    def as_dict(self) -> dict[str, float]:
-        return {"service": self.service, "client": self.client, "other": self.other, "machine": self.machine}
+    def as_dict(self) -> dict[str, Any]:
+        return {"service": self.service, "client": self.client, "other": self.other, "machine": self.machine,
+                "roles": self.roles}
 
 
 class CpuMeter:
     """Snapshots of CPU time; `between(a, b)` turns two into cores used."""
 
-    def __init__(self, service_roots: Iterable[int]) -> None:
+    def __init__(self, service_roots: Iterable[int], roles: Mapping[int, tuple[str, str]] | None = None) -> None:
+        """`roles`: root pid -> (its own role, its descendants' role), e.g. the Celery worker's
+        main process -> ("worker main", "pool"); CPU is then also reported per role."""
         self.roots = list(service_roots)
+        self.role_roots = dict(roles or {})
 
     def snapshot(self) -> CpuSnapshot:
         pids = process_tree(self.roots)
+        roles: dict[int, str] = {}
+        for root, (own, children) in self.role_roots.items():
+            for pid in process_tree([root]):
+                roles[pid] = own if pid == root else children
         return CpuSnapshot(time.monotonic(), {pid: process_seconds(pid) for pid in pids}, time.process_time(),
-                           machine_busy_seconds())
+                           machine_busy_seconds(), roles)
 
     @staticmethod
     def between(a: CpuSnapshot, b: CpuSnapshot) -> CpuUse:
@@ -114,4 +127,7 @@ class CpuMeter:
         service = sum(max(0.0, t - a.service.get(pid, 0.0)) for pid, t in b.service.items()) / wall
         client = (b.client - a.client) / wall
         machine = (b.machine - a.machine) / wall
-        return CpuUse(service, client, max(0.0, machine - service - client), machine)
+        roles: dict[str, float] = dict.fromkeys(b.roles.values(), 0.0)
+        for pid, role in b.roles.items():
+            roles[role] += max(0.0, b.service.get(pid, 0.0) - a.service.get(pid, 0.0)) / wall
+        return CpuUse(service, client, max(0.0, machine - service - client), machine, roles)

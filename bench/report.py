@@ -20,6 +20,7 @@ from bench.points import fmt_num, normalise, windows
 from bench.sections import (
     ceiling_section,
     closed_section,
+    cpu_per_job_section,
     open_section,
     ratio_section,
     targets_section,
@@ -116,6 +117,13 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
             "Same run, toxfleet ÷ baseline (ratio of medians; range from the extremes):",
             "",
             ratio_section(model),
+            "",
+            "CPU per request of each process (closed loop; one-text jobs, so per job): cores used ÷ texts "
+            "answered per second, median over windows (range). The baseline is its Gunicorn tree; toxfleet's "
+            "are the API, the Celery worker's main process, its pool processes and Redis "
+            "(`make bench-cpu` adds Flower and Redis commands per job):",
+            "",
+            cpu_per_job_section(model),
             "",
             f"![throughput and p99 vs clients]({_rel(files['scaling'], md)})",
             "",

@@ -27,7 +27,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,7 @@ class Bench:
                 closed = []
                 for clients in self.profile.clients:
                     running = self._ready(system, running)
-                    closed.append(self.closed(running.url, mode, clients, CpuMeter(running.cpu_roots),
-                                              running.worker_log))
+                    closed.append(self.closed(running.url, mode, clients, running.meter(), running.worker_log))
                 points.extend(closed)
                 # Capacity: the best closed-loop throughput (normally at the most clients), token-normalised.
                 capacity = max(Spread.of([w["tokens_per_s"] / self.mean_tokens for w in c["windows"]]).median
@@ -161,7 +160,7 @@ class Bench:
                     continue
                 for fraction in self.profile.open_loads:
                     running = self._ready(system, running)
-                    points.append(self.open(running.url, mode, fraction, capacity, CpuMeter(running.cpu_roots),
+                    points.append(self.open(running.url, mode, fraction, capacity, running.meter(),
                                             running.worker_log))
         finally:
             running.stop()
@@ -205,7 +204,7 @@ class Bench:
         raise RuntimeError(f"{running.url} did not answer its warm-up requests: {outcomes}")
 
     def _settle(self, running: Running) -> bool:
-        meter = CpuMeter(running.cpu_roots)
+        meter = running.meter()
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while time.monotonic() < deadline:
             running.check_alive()
@@ -224,6 +223,11 @@ class Running:
     services: list[Service]
     cpu_roots: list[int]
     worker_log: Path | None = None
+    cpu_roles: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Root pid -> (its role, its descendants' role), for CPU per process (see `bench.cpu.CpuMeter`)."""
+
+    def meter(self) -> CpuMeter:
+        return CpuMeter(self.cpu_roots, self.cpu_roles)
 
     def check_alive(self) -> None:
         for service in self.services:
@@ -246,7 +250,7 @@ class System:
 def baseline_system(ckpt: Path, hf: Path, cores: int, log_dir: Path) -> System:
     def start() -> Running:
         service, url = start_baseline(ckpt, hf, cores, log_dir)
-        return Running(url, [service], service.pids)
+        return Running(url, [service], service.pids, cpu_roles={service.pids[0]: ("server", "server")})
 
     return System("baseline", ("baseline",), start)
 
@@ -261,7 +265,9 @@ def toxfleet_system(ckpt: Path, hf: Path, cores: int, log_dir: Path, modes: tupl
             redis.stop()
             raise
         # Redis works for toxfleet: its CPU counts as the service's.
-        return Running(url, [redis, service], service.pids + redis.pids, service.logs.get("worker"))
+        worker, api = service.pids  # as start_toxfleet spawns them
+        return Running(url, [redis, service], service.pids + redis.pids, service.logs.get("worker"),
+                       {api: ("api", "api"), worker: ("worker main", "pool"), redis.pids[0]: ("redis", "redis")})
 
     return System("toxfleet", modes, start)
 

@@ -147,6 +147,34 @@ def closed_section(model: dict[str, Any]) -> str:
                   "errors", "service CPU (cores)", "load generator / other CPU", "worker batches"], rows)
 
 
+ROLE_ORDER = ("server", "api", "worker main", "pool", "redis")
+"""Columns of the CPU-per-job table: the baseline's Gunicorn tree, then toxfleet's processes."""
+
+
+def cpu_per_job_section(model: dict[str, Any]) -> str:
+    """CPU milliseconds per request (one-text jobs: per text) of each process, closed loop: a window's
+    cores used ÷ its texts answered per second, median over windows (range in brackets)."""
+    pts = model["points"]
+    rows = []
+    for system, mode in SERIES:
+        for clients in model["profile"]["clients"]:
+            ws = [w for w in windows(select(pts, system, mode, "closed", clients=clients))
+                  if w.get("cpu") and w["texts_per_s"] > 0]
+            if not ws:
+                continue
+            total = Spread.of([1000 * w["cpu"]["service"] / w["texts_per_s"] for w in ws])
+            per_role = [Spread.of([1000 * w["cpu"].get("roles", {}).get(role, math.nan) / w["texts_per_s"]
+                                   for w in ws]) for role in ROLE_ORDER]
+            rows.append([LABELS[(system, mode)], str(clients), fmt_spread(spread_of(ws, "texts_per_s")),
+                         fmt_spread(total), *(fmt_spread(r) if r.n else "" for r in per_role)])
+    return table(["system", "clients", "texts/s", "service CPU ms per request", *(f"{r} ms" for r in ROLE_ORDER)],
+                 rows)
+
+
+def spread_of(ws: list[dict[str, Any]], key: str) -> Spread:
+    return Spread.of([float(w[key]) for w in ws])
+
+
 def ratio_section(model: dict[str, Any]) -> str:
     pts = model["points"]
     rows = []

@@ -71,13 +71,14 @@ class Service:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: dict[str, Path] = {}
 
-    def spawn(self, label: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def spawn(self, label: str, args: list[str], env: dict[str, str] | None = None,
+              cwd: Path = ROOT) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{self.name}-{label}.log"
         self.logs[label] = log
         with open(log, "ab") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **(env or {})}, cwd=ROOT,
+                                    env={**os.environ, **(env or {})}, cwd=cwd,
                                     start_new_session=True)
         self.procs.append(proc)
         return proc

@@ -11,9 +11,13 @@ from typing import Any
 
 from toxfleet.contract import QUEUE
 
+SHARED_CLIENT_TRANSPORT = "toxfleet.transport:Transport"
+"""kombu's Redis transport with one Redis client per channel instead of one per command (`toxfleet.transport`)."""
 
-def celery_config(*, visibility_timeout: int, result_expires: int) -> dict[str, Any]:
-    """Settings for `Celery.conf.update`, common to the API and the workers."""
+
+def celery_config(*, visibility_timeout: int, result_expires: int, broker_url: str = "") -> dict[str, Any]:
+    """Settings for `Celery.conf.update`, common to the API and the workers. A plain `redis://`
+    `broker_url` gets the shared-client transport; other schemes (TLS, sockets, Sentinel) keep kombu's."""
     transport = {
         "visibility_timeout": visibility_timeout,
         # kombu scans for messages whose consumer died every interval x throttle seconds (default
@@ -34,7 +38,8 @@ def celery_config(*, visibility_timeout: int, result_expires: int) -> dict[str, 
         "visibility_timeout": visibility_timeout,
         "result_expires": result_expires,
         "broker_connection_retry_on_startup": True,
-        # No task-sent events: the worker's task-received carries the same for Flower, and each
-        # event is one more Redis round trip on the submit path.
+        # No task-sent events: the worker's one event per request (succeeded/failed) carries the same
+        # for Flower, and each event is one more Redis round trip on the submit path.
         "task_send_sent_event": False,
+        **({"broker_transport": SHARED_CLIENT_TRANSPORT} if broker_url.startswith("redis://") else {}),
     }

@@ -43,10 +43,6 @@ IDEMPOTENCY_KEY_PREFIX = "toxfleet:idem:"
 RATE_KEY_PREFIX = "toxfleet:rate:"
 """Redis key prefix of the per-key, per-second request counters."""
 
-WAITER_CHANNEL = b"toxfleet:api:waiter"
-"""Pub/sub channel every API process keeps subscribed, so its listener always has a connection to
-read (nothing is published on it)."""
-
 CACHE_PREFIX = "toxfleet:cache:"
 """Redis key prefix of the score cache (`toxfleet.cache`: entries, index and stats)."""
 

@@ -14,7 +14,11 @@ that library was measured to hurt a latency-sensitive model server:
 - **Worker loss is handled.** If the pool process dies mid-batch, each request is re-published with
   `retries + 1` and then acked (a re-published request runs alone, so an innocent neighbour is not
   failed with it); past `max_retries` it is stored as failed with the reason.
-- **Flower sees every request**: received and succeeded/failed events, and worker state
+- **Flower sees every request**, from one event each: its succeeded/failed (or retried) event
+  carries what task-received would (name, args, kwargs, retries, received time), and Flower's event
+  state merges the fields of any task event, so it lists the task by name. A task-received event per
+  request was one more publish on the consumer's hot path (and one more event for Flower to consume);
+  a request appears in Flower when it finishes, not while it waits. Worker state
   (`inspect active/reserved`) stays accurate.
 
 ETA/countdown are not supported: a scoring request is wanted now.
@@ -123,8 +127,7 @@ class BatchTask(Task):  # type: ignore[misc]
             if (req.expires or req.id in revoked_tasks) and req.revoked():
                 return
             signals.task_received.send(sender=consumer, request=req)
-            req.send_event("task-received", name=req.name, args=req.argsrepr, kwargs=req.kwargsrepr,
-                           retries=req.request_dict.get("retries", 0))
+            req.time_received = time()  # sent with the request's one event (see _event_fields)
             task_reserved(req)
             try:
                 cost = max(1, int(self.cost(req.args, req.kwargs)))
@@ -211,9 +214,9 @@ class BatchTask(Task):  # type: ignore[misc]
             return
         runtime = outcome.get("runtime", 0.0)
         if outcome["state"] == "FAILURE":
-            req.send_event("task-failed", exception=outcome.get("error"), traceback=None)
+            req.send_event("task-failed", exception=outcome.get("error"), traceback=None, **_event_fields(req))
         else:
-            req.send_event("task-succeeded", result=outcome.get("summary", ""), runtime=runtime)
+            req.send_event("task-succeeded", result=outcome.get("summary", ""), runtime=runtime, **_event_fields(req))
         req.acknowledge()
         task_ready(req, successful=outcome["state"] != "FAILURE")
 
@@ -224,10 +227,10 @@ class BatchTask(Task):  # type: ignore[misc]
                 # Publish the copy before acking the original: a crash in between duplicates the
                 # request (the pool side skips requests whose result is already stored), never loses it.
                 self.publish_again(req.id, req.args, req.kwargs, retries + 1)
-                req.send_event("task-retried", exception=reason)
+                req.send_event("task-retried", exception=reason, **_event_fields(req))
             else:
                 self.on_worker_lost(req, f"{reason}; gave up after {retries + 1} attempts")
-                req.send_event("task-failed", exception=reason, traceback=None)
+                req.send_event("task-failed", exception=reason, traceback=None, **_event_fields(req))
             req.acknowledge()
         except Exception:
             # Broker or backend unreachable: leave the message unacked; Redis redelivers it after the
@@ -235,3 +238,9 @@ class BatchTask(Task):  # type: ignore[misc]
             logger.exception("could not re-publish or fail request %s; leaving it for redelivery", req.id,
                              extra={"task_id": req.id})
         task_ready(req)
+
+
+def _event_fields(req: Request) -> dict[str, Any]:
+    """What a task-received event would have told Flower, for the request's one event."""
+    return {"name": req.name, "args": req.argsrepr, "kwargs": req.kwargsrepr,
+            "retries": req.request_dict.get("retries", 0), "received": getattr(req, "time_received", None)}

@@ -17,7 +17,8 @@ _settings = get_settings()
 app = Celery("toxfleet", broker=_settings.redis_url, backend=_settings.redis_url,
              include=["worker.tasks", "worker.lifecycle", "worker.metrics"])
 app.conf.update(
-    celery_config(visibility_timeout=_settings.visibility_timeout, result_expires=_settings.result_expires),
+    celery_config(visibility_timeout=_settings.visibility_timeout, result_expires=_settings.result_expires,
+                  broker_url=_settings.redis_url),
     # Results are written per request by the batch itself; late acks come after that write.
     task_acks_late=True,
     task_reject_on_worker_lost=True,

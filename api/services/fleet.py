@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 
 import redis.asyncio as aioredis
@@ -15,6 +17,13 @@ FLEET_TTL = 2.0
 """Seconds the API reuses its view of the live workers: their processes scale the backpressure limit,
 and their model, backend and cache setting decide whether the score cache may answer a job."""
 
+BACKLOG_TTL = 0.05
+"""Seconds submits share one backlog read (one round trip) for the backpressure check: under load many
+submits arrive within this window, and each would otherwise read the same counters. The messages this
+process sent since the read are added to it (`count_sent`), so its own submits are counted exactly;
+other API processes' submits of the last window, and work finished in it, are not seen until the next
+read: the limit may be passed, or reached early, by what a fleet submits or finishes in 50 ms."""
+
 
 class FleetService:
     """Workers, backlog and cache size. One per process."""
@@ -24,6 +33,9 @@ class FleetService:
         self._cache = cache
         self._view: list[Heartbeat] = []
         self._view_at = -FLEET_TTL
+        self._backlog_read: asyncio.Future[Backlog] | None = None
+        self._backlog_at = -BACKLOG_TTL
+        self._sent_since_read = 0
 
     async def workers(self) -> list[Heartbeat]:
         """Workers whose heartbeat is recent, with what they run."""
@@ -40,6 +52,25 @@ class FleetService:
     async def backlog(self) -> Backlog:
         """Messages waiting, messages delivered but unacknowledged, and answering workers (one round trip)."""
         return await aread_backlog(self._redis)
+
+    async def recent_backlog(self) -> Backlog:
+        """`backlog()`, read at most once per BACKLOG_TTL seconds, plus the messages sent here since;
+        concurrent callers share one read, and a failed read is not reused."""
+        now = time.monotonic()
+        read = self._backlog_read
+        if read is None or now >= self._backlog_at + BACKLOG_TTL \
+                or (read.done() and (read.cancelled() or read.exception() is not None)):
+            self._backlog_at = now
+            # Sends during the read may be counted twice (in it and here): an overestimate, on the safe side.
+            self._sent_since_read = 0
+            # A task, not a coroutine: a caller that is cancelled must not cancel the read the others await.
+            read = self._backlog_read = asyncio.ensure_future(self.backlog())
+        backlog = await asyncio.shield(read)
+        return dataclasses.replace(backlog, queued=backlog.queued + self._sent_since_read)
+
+    def count_sent(self, messages: int) -> None:
+        """`messages` were just sent: `recent_backlog` counts them until its next read."""
+        self._sent_since_read += messages
 
     async def queue_depth(self) -> int:
         depth: int = await self._redis.llen(contract.QUEUE)

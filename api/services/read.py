@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from api.errors import BrokerUnavailable, JobNotFound
+from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
 from api.waiter import RESYNC, ResultWaiter
 from toxfleet import contract, keys, logs, meta
@@ -52,8 +53,9 @@ class ReadService:
     """Job views and long-polls. One per process; cheap to share across requests."""
 
     def __init__(self, settings: ApiSettings, redis: aioredis.Redis, result_key: Callable[[str], bytes],
-                 waiter: ResultWaiter) -> None:
+                 waiter: ResultWaiter, manifests: ManifestCache | None = None) -> None:
         self._settings = settings
+        self._manifests = manifests or ManifestCache(ttl=0)
         self._redis = redis
         self._result_key = result_key
         self._waiter = waiter
@@ -77,6 +79,8 @@ class ReadService:
         return view
 
     async def _manifest(self, job_id: str) -> dict[str, Any]:
+        if (written := self._manifests.get(job_id)) is not None:
+            return written  # this process wrote it a moment ago (a long-poll right after its submit)
         raw = await self._redis.get(keys.job_key(job_id))
         if raw is None:
             raise JobNotFound(f"no job {job_id} (unknown, or expired after {self._settings.result_expires}s)")

@@ -26,6 +26,7 @@ from api import metrics
 from api.celery_client import send_chunks
 from api.errors import BrokerUnavailable, IdempotencyMismatch, QueueFull
 from api.services.fleet import FleetService
+from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
 from toxfleet import contract, keys, logs, meta, pending
 from toxfleet.cache import AsyncScoreCache, Scores, namespace
@@ -38,8 +39,9 @@ class SubmitService:
     """Enqueue jobs. One per process; cheap to share across requests."""
 
     def __init__(self, settings: ApiSettings, redis: aioredis.Redis, celery: Celery, fleet: FleetService,
-                 cache: AsyncScoreCache | None = None) -> None:
+                 cache: AsyncScoreCache | None = None, manifests: ManifestCache | None = None) -> None:
         self._settings = settings
+        self._manifests = manifests or ManifestCache(ttl=0)
         self._redis = redis
         self._celery = celery
         self._fleet = fleet
@@ -57,8 +59,9 @@ class SubmitService:
         # The default mode sends no keyword at all: the message stays what every worker version reads.
         kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
         sent_at = time.time()  # the messages' publish time, also recorded with them as pending
-        manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": sent_at, "long_text": long_text,
-                               "thresholds": (thresholds or self._settings.base_thresholds).to_json()})
+        manifest_doc = {"chunks": [len(c) for c in chunks], "created": sent_at, "long_text": long_text,
+                        "thresholds": (thresholds or self._settings.base_thresholds).to_json()}
+        manifest = json.dumps(manifest_doc)
         idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(idempotency_key.encode()).hexdigest() \
             if idempotency_key else None
         try:
@@ -76,6 +79,7 @@ class SubmitService:
                     pending.record(pipe, {contract.chunk_task_id(job_id, i): ([c], kwargs)
                                           for i, c in enumerate(chunks)}, sent_at)
                 await pipe.execute()
+            self._manifests.put(job_id, manifest_doc)  # the reads that follow need not GET it back
             logs.bind_job(job_id)
             if idem_key:
                 record = json.dumps({"job_id": job_id, "fingerprint": fingerprint})
@@ -97,6 +101,7 @@ class SubmitService:
             with contextlib.suppress(RedisError):
                 await self._forget(job_id, len(chunks), *([idem_key] if idem_key else []))
             raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
+        self._fleet.count_sent(len(chunks))
         metrics.count_submitted(len(texts), len(chunks))
         logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
                     extra={"texts": len(texts), "messages": len(chunks)})
@@ -105,6 +110,7 @@ class SubmitService:
     async def _forget(self, job_id: str, chunks: int, *other_keys: str) -> None:
         """Undo a submit whose messages were never sent: its manifest, its pending record (else the
         sweeper would send what nobody asked for) and `other_keys`."""
+        self._manifests.forget(job_id)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.delete(keys.job_key(job_id), *other_keys)
             pending.forget(pipe, [contract.chunk_task_id(job_id, i) for i in range(chunks)])
@@ -114,7 +120,7 @@ class SubmitService:
         """QueueFull when the fleet already holds more work than it should: accepted jobs then keep
         a bounded wait (about backlog / fleet throughput) instead of an ever longer one."""
         # Prefetched by workers but not yet done counts: still waiting work.
-        backlog = (await self._fleet.backlog()).total
+        backlog = (await self._fleet.recent_backlog()).total
         processes = sum(w.concurrency for w in await self._fleet.recent_workers())
         limit = min(self._settings.max_queue_depth, self._settings.backlog_per_process * max(processes, 1))
         if backlog >= limit:

@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 
 from api.celery_client import make_celery
 from api.services.fleet import FleetService
+from api.services.manifests import MANIFEST_TTL, ManifestCache
 from api.services.read import ReadService
 from api.services.submit import SubmitService
 from api.settings import ApiSettings
@@ -45,8 +46,12 @@ def make_services(settings: ApiSettings) -> Services:
             settings.cache_url, socket_timeout=settings.redis_timeout, socket_connect_timeout=settings.redis_timeout)
         cache = AsyncScoreCache(client)
     celery = make_celery(settings)
-    waiter = ResultWaiter(redis, settings.redis_timeout)
+    # Celery publishes each result on a channel named after its key (the prefix includes any global
+    # key prefix): the waiter watches them all.
+    result_prefix = celery.backend.key_t(celery.backend.task_keyprefix)
+    waiter = ResultWaiter(redis, settings.redis_timeout, result_prefix=result_prefix)
     fleet = FleetService(redis, cache)
-    return Services(redis=redis, submit=SubmitService(settings, redis, celery, fleet, cache),
-                    read=ReadService(settings, redis, celery.backend.get_key_for_task, waiter),
+    manifests = ManifestCache(ttl=min(MANIFEST_TTL, settings.result_expires))
+    return Services(redis=redis, submit=SubmitService(settings, redis, celery, fleet, cache, manifests),
+                    read=ReadService(settings, redis, celery.backend.get_key_for_task, waiter, manifests),
                     fleet=fleet, waiter=waiter, cache=cache)

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from api.celery_client import make_celery, send_chunks
 from api.main import create_app
 from api.settings import ApiSettings
 from testing import RedisServer, free_port
-from toxfleet import contract, keys
+from toxfleet import contract, keys, meta
+from toxfleet.transport import Transport
 
 
 @pytest.fixture
@@ -190,3 +192,52 @@ def test_backlog_limit_counts_prefetched_work_and_scales_with_workers(clean_redi
         time.sleep(2.1)
         codes = [c.post("/v1/jobs", json={"texts": [f"c{i}"]}).status_code for i in range(5)]
         assert codes == [202, 202, 202, 202, 429]
+
+
+def test_long_polls_cost_no_pub_sub_command_each(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Long-polls register with the API's one pattern subscription (made once, confirmed before any
+    read): no SUBSCRIBE/UNSUBSCRIBE per poll. A GET right after a submit takes the manifest the
+    process just wrote from memory: no GET round trip either."""
+    r = redis_server.client()
+    r.config_resetstat()
+    for i in range(5):
+        job_id = client.post("/v1/jobs", json={"texts": [f"text {i}"]}).json()["id"]
+        assert client.get(f"/v1/jobs/{job_id}", params={"wait": 0.1}).json()["status"] == "queued"
+    stats = r.info("commandstats")
+    assert "cmdstat_subscribe" not in stats and "cmdstat_unsubscribe" not in stats, stats
+    assert stats["cmdstat_psubscribe"]["calls"] == 1, stats
+    assert "cmdstat_get" not in stats, stats
+
+
+def test_a_published_result_wakes_the_long_poll(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """A result published on its key's channel (as the workers publish each result they store) answers
+    a waiting long-poll. Here it is only published, never stored, so nothing but the pub/sub path can
+    deliver it; it is published until the poll answers, as the poll registers at a time the test cannot see."""
+    import concurrent.futures
+    import json
+
+    r = redis_server.client()
+    job_id = client.post("/v1/jobs", json={"texts": ["hello"]}).json()["id"]
+    task_id = contract.chunk_task_id(job_id, 0)
+    scores = dict.fromkeys(contract.LABELS, 0.25)
+    stored = json.dumps(meta.build(meta.SUCCESS, [scores], task_id=task_id, date_done=None, extra={"model": "m"}))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(client.get, f"/v1/jobs/{job_id}", params={"wait": 2})
+        while not poll.done():
+            r.publish(f"celery-task-meta-{task_id}", stored)
+            time.sleep(0.05)
+        body = poll.result().json()
+    assert body["status"] == "succeeded" and body["results"] == [scores], body
+    assert r.get(f"celery-task-meta-{task_id}") is None  # not stored: the pub/sub message answered
+
+
+def test_the_broker_reuses_one_redis_client_per_channel(clean_redis: RedisServer) -> None:
+    """On a redis:// broker the API's Celery app runs toxfleet's transport: kombu's, but one Redis
+    client per channel instead of a new one per publish; messages still reach the queue."""
+    celery = make_celery(ApiSettings(redis_url=clean_redis.url))
+    with celery.connection_for_write() as conn:
+        assert isinstance(conn.transport, Transport)
+        channel = conn.default_channel
+        assert channel._create_client() is channel._create_client()
+    send_chunks(celery, "0" * 32, [["a"], ["b"]], None, time.time())
+    assert clean_redis.client().llen(contract.QUEUE) == 2

@@ -62,11 +62,15 @@ def test_bench_quick_measures_everything(tiny_checkpoint: tuple[Path, Path], tmp
             assert w["cpu"]["service"] > 0, point
             if point["loop"] == "closed":
                 assert w["errors"] == 0, (point["system"], point["mode"], point.get("failures"))
+                # CPU per process: every part of the service did work in every window.
+                roles = {"server"} if point["system"] == "baseline" else {"api", "worker main", "pool", "redis"}
+                assert set(w["cpu"]["roles"]) == roles and all(v > 0 for v in w["cpu"]["roles"].values()), w["cpu"]
         if point["system"] == "toxfleet":
             assert point["batches"]["batches"] > 0
     text = md.read_text()
     for heading in ("### Targets", "### Corpus: token lengths", "### Raw model ceiling", "### Closed loop",
                     "### Open loop"):
         assert heading in text
+    assert "| service CPU ms per request | server ms | api ms | worker main ms | pool ms | redis ms |" in text
     for png in ("tiny-scaling.png", "tiny-latency-cdf.png", "tiny-tokens.png"):
         assert (out.parent / png).stat().st_size > 10_000

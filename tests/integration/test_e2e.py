@@ -158,3 +158,14 @@ def test_flower_shows_the_worker_and_tasks_behind_auth(fleet: Fleet) -> None:
             return any(t.get("name") == contract.SCORE_TASK and t.get("state") == "SUCCESS" for t in tasks.values())
 
         wait_for(task_listed, 20, "flower to list a succeeded toxfleet.score task")
+
+        def this_task() -> dict[str, Any] | None:
+            listed = [t for t in c.get("/api/tasks").json().values() if "seen by flower" in str(t.get("args"))]
+            return listed[0] if listed and listed[0].get("state") == "SUCCESS" else None
+
+        # The worker sends one event per request (no task-received): that one carries the name, the
+        # arguments and the time the worker received the request.
+        wait_for(lambda: this_task() is not None, 20, "flower to list the job's task as succeeded")
+        task = this_task()
+        assert task is not None and task["name"] == contract.SCORE_TASK, task
+        assert task["received"] and task["received"] <= task["succeeded"], task
