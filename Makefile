@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick bench-backends bench-cache export clean
+.PHONY: venv run run-offline test test-faults soak lint checkpoints bench bench-quick bench-backends bench-cache export clean
 
 venv: $(VENV)/.installed
 
@@ -51,6 +51,13 @@ test: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/
 FAULT_REPEATS ?= 5
 test-faults: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	FAULT_REPEATS=$(FAULT_REPEATS) $(PY) -m pytest -q -s -m faults
+
+## A soak: SOAK_MINUTES (15) at 80 % of measured capacity, mixed job sizes, a bulk backfill, a worker
+## killed -9 every 3 minutes; reports RSS slope per process, Redis memory and keys, p99 per minute, lost
+## and duplicated (var/soak.json, docs/reliability/soak.png). Exit status 1 if a job was lost or doubled.
+SOAK_MINUTES ?= 15
+soak: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 ## Export, quantize and gate the configured checkpoint ahead of time (TOXFLEET_CHECKPOINT/HF_CONFIG or MODEL).
 export: venv
