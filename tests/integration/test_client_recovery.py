@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from testing import Proc, RedisServer, free_port, start_api, start_worker, wait_for
+from testing import Proc, RedisServer, base_env, free_port, start_api, start_worker, wait_for
 from testing.faults import record
 from toxfleet.client import Client, Result
 from toxfleet.corpus import CommentCorpus
@@ -95,3 +97,40 @@ def test_client_recovers_every_job_when_redis_is_lost(bare_redis: RedisServer, t
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def test_cli_recovers_every_row_when_redis_is_lost(bare_redis: RedisServer, tiny_checkpoint: tuple[Path, Path],
+                                                   tiny_detoxify: Any, tmp_path: Path) -> None:
+    """`toxfleet score` over a file, Redis killed -9 mid-run and restarted empty: it exits 0 and every
+    row is in the output once, in order, with Detoxify's scores (it waits through the same client)."""
+    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="cli-keeps-running")
+    api, url = start_api(tmp_path, bare_redis.url, name="cli-api")
+    texts = CommentCorpus(22).texts(400)
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    toxfleet = str(Path(sys.executable).parent / "toxfleet")
+    cli = subprocess.Popen([toxfleet, "score", str(src), "-o", str(out), "--url", url, "--job-size", "10",
+                            "--in-flight", "4", "--stall-after", "60", "--no-progress"],
+                           env=base_env(bare_redis.url, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        wait_for(lambda: finished_jobs(bare_redis.url) >= 3, 60, "the first jobs to finish", interval=0.02)
+        assert cli.poll() is None, "the CLI finished before the fault: nothing was shown"
+        bare_redis.kill()
+        bare_redis.start()  # empty
+        _, err = cli.communicate(timeout=300)
+        assert cli.returncode == 0, err
+        assert "submitted again" in err  # the client's warning: jobs really were lost and resubmitted
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["id"] for r in rows] == list(range(len(texts)))
+        for start in range(0, len(texts), 40):
+            expected = tiny_detoxify.predict(texts[start: start + 40])
+            for i, row in enumerate(rows[start: start + 40]):
+                for label in expected:
+                    assert row[label] == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        assert worker.alive() and api.alive()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        api.stop()
+        worker.stop()
