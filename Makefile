@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-faults lint checkpoints bench bench-quick bench-backends bench-cache bench-cpu export clean
+.PHONY: venv run run-offline test test-faults soak lint checkpoints bench bench-quick bench-backends bench-cache bench-cpu export clean
 
 venv: $(VENV)/.installed
 
@@ -45,9 +45,19 @@ test: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
-## Only the fault suite (kill -9, SIGTERM, Redis restart, poison input), with its summary lines.
+## Only the fault suite (kill -9, SIGTERM, Redis restart and kill -9, poison input), each case run
+## FAULT_REPEATS times (5; `make test` and CI run each once), then a table per case: lost, duplicated,
+## recovery median and max (also var/faults.json). About 15 minutes per repeat on 2 cores.
+FAULT_REPEATS ?= 5
 test-faults: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
-	$(PY) -m pytest -q -s -m faults
+	FAULT_REPEATS=$(FAULT_REPEATS) $(PY) -m pytest -q -s -m faults
+
+## A soak: SOAK_MINUTES (15) at 80 % of measured capacity, mixed job sizes, a bulk backfill, a worker
+## killed -9 every 3 minutes; reports RSS slope per process, Redis memory and keys, p99 per minute, lost
+## and duplicated (var/soak.json, docs/reliability/soak.png). Exit status 1 if a job was lost or doubled.
+SOAK_MINUTES ?= 15
+soak: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 ## Export, quantize and gate the configured checkpoint ahead of time (TOXFLEET_CHECKPOINT/HF_CONFIG or MODEL).
 export: venv

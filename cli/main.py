@@ -30,7 +30,7 @@ import httpx
 from cli import table
 from cli.progress import Progress
 from cli.scoring import Scored, batched, local, remote
-from toxfleet.client import DEFAULT_IN_FLIGHT, DEFAULT_JOB_CHARS, Client, ToxfleetError
+from toxfleet.client import DEFAULT_IN_FLIGHT, DEFAULT_JOB_CHARS, DEFAULT_STALL_AFTER, Client, ToxfleetError
 from toxfleet.contract import LABELS, LONG_TEXT_MODES, TRUNCATE
 from toxfleet.thresholds import Thresholds
 
@@ -159,7 +159,7 @@ def score_command(args: argparse.Namespace) -> int:
             batches = batched(rows, args.job_size or DEFAULT_LOCAL_ROWS, DEFAULT_JOB_CHARS)
             outcomes = local(batches, args, thresholds)
         else:
-            client = Client(args.url, args.api_key)
+            client = Client(args.url, args.api_key, stall_after=args.stall_after or None)
             _check_reachable(args.url)
             batches = batched(rows, args.job_size or DEFAULT_JOB_ROWS, DEFAULT_JOB_CHARS)
             outcomes = remote(client, batches, args, thresholds)
@@ -233,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                 f"--local: {DEFAULT_LOCAL_ROWS} per scorer call)")
     s.add_argument("--in-flight", type=int, default=DEFAULT_IN_FLIGHT,
                    help="jobs submitted at once (default %(default)s)")
+    s.add_argument("--stall-after", type=float, default=DEFAULT_STALL_AFTER,
+                   help="seconds a job may make no progress while the fleet is ready before it is submitted "
+                        "again (a job lost with the broker; one answering 404 is resubmitted at once); "
+                        "0: never (default %(default)s)")
     s.add_argument("--local", action="store_true",
                    help="score in this process, no fleet (needs the worker extra and TOXFLEET_CHECKPOINT/"
                         "TOXFLEET_HF_CONFIG or a downloadable TOXFLEET_MODEL); for small files")

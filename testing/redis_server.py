@@ -42,6 +42,13 @@ class RedisServer:
             self.proc.wait(10)
             self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a crash ends it: no shutdown save, no AOF rewrite."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
     def restart(self) -> None:
         self.stop()
         self.start()

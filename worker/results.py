@@ -8,13 +8,18 @@ carries extra fields Celery ignores: `model`, `batch` and `cache_hits`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from toxfleet import meta, pending
 from toxfleet.keys import lease_key
+
+logger = logging.getLogger(__name__)
 
 # Atomically, per request: already final -> "final"; else take its lease (NX) and store STARTED ->
 # "claimed"; else another batch is scoring it right now -> "busy". KEYS: n result keys, then n lease
@@ -58,6 +63,43 @@ return released
 """
 
 
+# Extend the leases a batch still holds (only its own): KEYS lease keys, ARGV batch id, lease seconds.
+_RENEW = """
+local renewed = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    renewed = renewed + redis.call('EXPIRE', KEYS[i], ARGV[2])
+  end
+end
+return renewed
+"""
+
+# Store final results, first one wins: a request whose result is already final keeps it and nothing is
+# published, so a waiter or observer sees exactly one final result per request. KEYS result keys; ARGV
+# result seconds (0: no expiry), then the n metas. Returns how many were written.
+_FINAL = """
+local written = 0
+for i = 1, #KEYS do
+  local value = redis.call('GET', KEYS[i])
+  local final = false
+  if value then
+    local ok, meta = pcall(cjson.decode, value)
+    final = ok and (meta['status'] == 'SUCCESS' or meta['status'] == 'FAILURE')
+  end
+  if not final then
+    if tonumber(ARGV[1]) > 0 then
+      redis.call('SETEX', KEYS[i], ARGV[1], ARGV[1 + i])
+    else
+      redis.call('SET', KEYS[i], ARGV[1 + i])
+    end
+    redis.call('PUBLISH', KEYS[i], ARGV[1 + i])
+    written = written + 1
+  end
+end
+return written
+"""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One request's final result: `result` on success, `error` (an exception) on failure, and
@@ -85,19 +127,16 @@ class ResultStore:
         return key
 
     def _write(self, entries: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        rows = [(task_id, self._backend.encode(stored)) for task_id, stored in entries]
+        if not rows:
+            return
+        ids = [task_id for task_id, _ in rows]
         with self._backend.client.pipeline(transaction=False) as pipe:
-            for task_id, stored in entries:
-                key = self._key(task_id)
-                value = self._backend.encode(stored)
-                if self._expires:
-                    pipe.set(key, value, ex=self._expires)
-                else:
-                    pipe.set(key, value)
-                pipe.publish(key, value)
-                # The lease would expire by itself; dropping it with the result just keeps Redis tidy.
-                pipe.delete(lease_key(task_id))
-                # Final: nothing is left for the sweeper to recover.
-                pending.forget(pipe, [task_id])
+            pipe.eval(_FINAL, len(rows), *[self._key(t) for t in ids], self._expires or 0, *[v for _, v in rows])
+            # The lease would expire by itself; dropping it with the result just keeps Redis tidy.
+            pipe.delete(*[lease_key(t) for t in ids])
+            # Final: nothing is left for the sweeper to recover.
+            pending.forget(pipe, ids)
             pipe.execute()
 
     def claim(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int,
@@ -115,6 +154,32 @@ class ResultStore:
         answer = self._backend.client.eval(_CLAIM, len(keys), *keys, batch_id, lease_seconds, self._expires or 0,
                                            *metas)
         return [a.decode() if isinstance(a, bytes) else str(a) for a in answer]
+
+    @contextlib.contextmanager
+    def holding(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int) -> Iterator[None]:
+        """Keep this batch's leases alive while it scores. A lease lasts one visibility timeout, and
+        so does a delivery: a batch slower than that (a loaded host) would otherwise find its requests
+        redelivered by kombu's restore with their leases expired, claimed by a second batch and scored
+        and stored twice. Renewed every third of a lease, so two missed renewals still leave it held."""
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(max(lease_seconds / 3, 0.1)):
+                try:
+                    self._backend.client.eval(_RENEW, len(task_ids), *[lease_key(t) for t in task_ids], batch_id,
+                                              lease_seconds)
+                except Exception as exc:  # Redis away: the next renewal tries again; expiry is the fallback
+                    logger.warning("batch %s: could not renew its leases (%r)", batch_id, exc)
+
+        thread = threading.Thread(target=renew, name=f"lease-{batch_id}", daemon=True)
+        if task_ids:
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if task_ids:
+                thread.join()
 
     def release(self, task_ids: Sequence[str], batch_id: str) -> None:
         """Give up this batch's leases (its pool process died), so a retry can claim the requests."""

@@ -124,15 +124,19 @@ class ScoreTask(BatchTask):
                 logger.warning("request %s rejected: %s", req["id"], exc, extra={"task_id": req["id"]})
                 failed.append(Outcome(req["id"], error=exc))
 
-        # Cached texts skip the model; only the rest are scored, then cached in turn.
-        cached = self._cached(scorer.backend, texts, modes, batch_id)
-        todo = {rid: [t for t, c in zip(ts, cached[rid], strict=True) if c is None] for rid, ts in texts.items()}
-        todo = {rid: ts for rid, ts in todo.items() if ts}
-        scored = {o.task_id: o for o in self._score(scorer, todo, modes, batch_id)}
-        self._remember(scorer.backend, todo, modes, scored, batch_id)
-        done = [_merge(rid, cached[rid], scored.get(rid)) for rid in texts]
+        # Held (renewed) until the results are stored: a slow batch must not lose its requests to a
+        # redelivery that finds their leases expired and scores them a second time.
+        claimed = [r["id"] for r, c in zip(requests, claims, strict=True) if c == "claimed"]
+        with store.holding(claimed, batch_id, settings.visibility_timeout):
+            # Cached texts skip the model; only the rest are scored, then cached in turn.
+            cached = self._cached(scorer.backend, texts, modes, batch_id)
+            todo = {rid: [t for t, c in zip(ts, cached[rid], strict=True) if c is None] for rid, ts in texts.items()}
+            todo = {rid: ts for rid, ts in todo.items() if ts}
+            scored = {o.task_id: o for o in self._score(scorer, todo, modes, batch_id)}
+            self._remember(scorer.backend, todo, modes, scored, batch_id)
+            done = [_merge(rid, cached[rid], scored.get(rid)) for rid in texts]
 
-        store.store(done + failed, extra)
+            store.store(done + failed, extra)
         deferred = sum(1 for o in outcomes.values() if o["state"] == "DEFERRED")
         metrics.count_tasks("skipped", len(requests) - len(texts) - len(failed) - deferred)
         metrics.count_tasks("deferred", deferred)

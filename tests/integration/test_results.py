@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,3 +57,31 @@ def test_failure_is_stored_as_celery_does(store: tuple[ResultStore, Any]) -> Non
     meta = app.backend.get_task_meta("t9")
     assert meta["status"] == "FAILURE"
     assert isinstance(meta["result"], ValueError) and "not a string" in str(meta["result"])
+
+
+def test_a_batch_slower_than_its_lease_keeps_it(store: tuple[ResultStore, Any]) -> None:
+    """A batch that runs past one lease (a loaded host) keeps its requests: kombu redelivers them after
+    the visibility timeout, and a redelivery must find them busy, not claim and score them again (a
+    fault run under load scored and stored 19 of 40 jobs twice that way). Without renewal the same
+    wait lets the second claim through."""
+    s, _ = store
+    assert s.claim(["held", "unheld"], "slow", 1, {}) == ["claimed", "claimed"]
+    with s.holding(["held"], "slow", 1):
+        time.sleep(2.5)
+        assert s.claim(["held", "unheld"], "redelivery", 1, {}) == ["busy", "claimed"]
+
+
+def test_a_second_final_result_is_neither_stored_nor_published(store: tuple[ResultStore, Any]) -> None:
+    """The first final result wins: a later one (a request scored twice however it happened) changes
+    nothing and wakes nobody, so every waiter sees one final result per request."""
+    s, app = store
+    pubsub = app.backend.client.pubsub()
+    pubsub.psubscribe("celery-task-meta-*")
+    pubsub.get_message(timeout=1)  # the subscription's confirmation
+    s.store([Outcome("t1", result=[{"toxicity": 0.5}])], {})
+    s.store([Outcome("t1", result=[{"toxicity": 0.9}]), Outcome("t2", result=[{"toxicity": 0.1}])], {})
+    published = []
+    while (message := pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)) is not None:
+        published.append(message["channel"])
+    assert published == [b"celery-task-meta-t1", b"celery-task-meta-t2"]
+    assert app.backend.get_task_meta("t1")["result"] == [{"toxicity": 0.5}]

@@ -13,7 +13,9 @@ Needs only httpx (no torch, no Celery). Submits carry an `Idempotency-Key`, so a
 a lost connection never creates a second job. `429` and `503` are retried after the `Retry-After` the
 server sends (else with exponential backoff) until `retry_for` seconds are spent, then
 `Unavailable` is raised. Waiting uses the server's long-poll (`?wait=`), so a finished job is seen
-at once without polling in a loop.
+at once without polling in a loop. A job the broker loses after its `202` (it answers 404, or makes
+no progress for `stall_after` seconds while `/readyz` reports workers) is submitted again by
+`wait()`, under the same Idempotency-Key: `score` returns every result once, in order.
 """
 
 
@@ -25,6 +27,7 @@ from toxfleet.client.protocol import (
     DEFAULT_JOB_SIZE,
     DEFAULT_POLL_WAIT,
     DEFAULT_RETRY_FOR,
+    DEFAULT_STALL_AFTER,
     DEFAULT_TIMEOUT,
     split,
 )
@@ -44,7 +47,8 @@ from toxfleet.client.results import (
 
 __all__ = [
     "DEFAULT_IN_FLIGHT", "DEFAULT_JOB_CHARS", "DEFAULT_JOB_SIZE", "DEFAULT_POLL_WAIT", "DEFAULT_RETRY_FOR",
-    "DEFAULT_TIMEOUT", "APIError", "AsyncClient", "AsyncJob", "BatchOutcome", "Client", "InvalidRequest", "Job",
+    "DEFAULT_STALL_AFTER", "DEFAULT_TIMEOUT",
+    "APIError", "AsyncClient", "AsyncJob", "BatchOutcome", "Client", "InvalidRequest", "Job",
     "JobFailed", "JobNotFound", "JobStatus", "JobTimeout", "Result", "ToxfleetError", "Unauthorized", "Unavailable",
     "split",
 ]

@@ -12,15 +12,17 @@ from typing import Any
 import httpx
 
 import toxfleet.client.protocol as protocol
-from toxfleet.client.results import BatchOutcome, InvalidRequest, JobFailed, JobStatus, Result
+from toxfleet.client.results import BatchOutcome, InvalidRequest, JobFailed, JobNotFound, JobStatus, Result
 
 
 class AsyncJob:
     """A submitted job: `await wait()` for it, or `await status()` for where it is now."""
 
-    def __init__(self, client: AsyncClient, job_id: str) -> None:
+    def __init__(self, client: AsyncClient, job_id: str, submission: protocol.Submission | None = None) -> None:
         self.client = client
         self.id = job_id
+        self.submission = submission
+        self.resubmitted = 0
 
     def __repr__(self) -> str:
         return f"AsyncJob({self.id!r})"
@@ -32,15 +34,35 @@ class AsyncJob:
         """Long-poll until the job finishes; the succeeded status, JobFailed, or JobTimeout after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
+        progress = protocol.Progress(self.client.stall_after)
         while True:
             hold = max(0.0, min(self.client.poll_wait, protocol.remaining(deadline)))
             started = time.monotonic()
-            status = await self.client.job_status(self.id, wait=hold)
+            try:
+                status = await self.client.job_status(self.id, wait=hold)
+            except JobNotFound:
+                if self.submission is None:
+                    raise
+                # Accepted, then unknown: the broker lost it (a Redis restarted empty, a failover).
+                await self._resubmit("is unknown to the server (lost with the broker)")
+                progress.reset()
+                continue
             if protocol.settled(status, deadline, timeout):
                 return status
+            if self.submission is not None and progress.stalled(status) and await self.client.fleet_ready():
+                await self._resubmit(f"made no progress for {self.client.stall_after:g}s while the fleet was ready")
+                progress.reset()
+                continue
             if (pause := protocol.early_pause(started, hold, attempt, deadline)) is not None:
                 await asyncio.sleep(pause)
                 attempt += 1
+
+    async def _resubmit(self, why: str) -> None:
+        assert self.submission is not None
+        while not self.submission.answered(self.id, new := await self.client._send(self.submission), why):
+            pass
+        self.id = new
+        self.resubmitted += 1
 
 
 class AsyncClient:
@@ -48,10 +70,12 @@ class AsyncClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = protocol.DEFAULT_TIMEOUT,
                  poll_wait: float = protocol.DEFAULT_POLL_WAIT, retry_for: float = protocol.DEFAULT_RETRY_FOR,
+                 stall_after: float | None = protocol.DEFAULT_STALL_AFTER,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         headers = protocol.default_headers(api_key)
         self.poll_wait = poll_wait
         self.retry_for = retry_for
+        self.stall_after = stall_after
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
                                        transport=transport)
 
@@ -83,9 +107,20 @@ class AsyncClient:
     async def submit(self, texts: Sequence[str], *, long_text: str | None = None,
                      thresholds: float | Mapping[str, float] | None = None) -> AsyncJob:
         """Enqueue texts for scoring; see `Client.submit`."""
-        body = protocol.submit_body(texts, long_text, thresholds)
-        response = await self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
-        return AsyncJob(self, response.json()["id"])
+        submission = protocol.Submission(protocol.submit_body(texts, long_text, thresholds), uuid.uuid4().hex)
+        return AsyncJob(self, await self._send(submission), submission)
+
+    async def _send(self, submission: protocol.Submission) -> str:
+        response = await self._request("POST", "/v1/jobs", json=submission.body, headers=submission.headers())
+        job_id: str = response.json()["id"]
+        return job_id
+
+    async def fleet_ready(self) -> bool:
+        """Whether the broker answers and workers are beating (`/readyz`), asked once without retries."""
+        try:
+            return protocol.fleet_ready(await self._http.get("/readyz"))
+        except httpx.HTTPError:
+            return False
 
     def job(self, job_id: str) -> AsyncJob:
         return AsyncJob(self, job_id)

@@ -11,15 +11,26 @@ from typing import Any
 import httpx
 
 import toxfleet.client.protocol as protocol
-from toxfleet.client.results import BatchOutcome, InvalidRequest, JobFailed, JobStatus, Result, ToxfleetError
+from toxfleet.client.results import (
+    BatchOutcome,
+    InvalidRequest,
+    JobFailed,
+    JobNotFound,
+    JobStatus,
+    Result,
+    ToxfleetError,
+)
 
 
 class Job:
-    """A submitted job: `wait()` for it, or `status()` for where it is now."""
+    """A submitted job: `wait()` for it, or `status()` for where it is now. A job this client
+    submitted is submitted again by `wait()` if the broker loses it (`id` then changes)."""
 
-    def __init__(self, client: Client, job_id: str) -> None:
+    def __init__(self, client: Client, job_id: str, submission: protocol.Submission | None = None) -> None:
         self.client = client
         self.id = job_id
+        self.submission = submission
+        self.resubmitted = 0
 
     def __repr__(self) -> str:
         return f"Job({self.id!r})"
@@ -31,15 +42,35 @@ class Job:
         """Long-poll until the job finishes; the succeeded status, JobFailed, or JobTimeout after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
+        progress = protocol.Progress(self.client.stall_after)
         while True:
             hold = max(0.0, min(self.client.poll_wait, protocol.remaining(deadline)))
             started = time.monotonic()
-            status = self.client.job_status(self.id, wait=hold)
+            try:
+                status = self.client.job_status(self.id, wait=hold)
+            except JobNotFound:
+                if self.submission is None:
+                    raise
+                # Accepted, then unknown: the broker lost it (a Redis restarted empty, a failover).
+                self._resubmit("is unknown to the server (lost with the broker)")
+                progress.reset()
+                continue
             if protocol.settled(status, deadline, timeout):
                 return status
+            if self.submission is not None and progress.stalled(status) and self.client.fleet_ready():
+                self._resubmit(f"made no progress for {self.client.stall_after:g}s while the fleet was ready")
+                progress.reset()
+                continue
             if (pause := protocol.early_pause(started, hold, attempt, deadline)) is not None:
                 time.sleep(pause)
                 attempt += 1
+
+    def _resubmit(self, why: str) -> None:
+        assert self.submission is not None
+        while not self.submission.answered(self.id, new := self.client._send(self.submission), why):
+            pass
+        self.id = new
+        self.resubmitted += 1
 
 
 class Client:
@@ -47,10 +78,12 @@ class Client:
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = protocol.DEFAULT_TIMEOUT,
                  poll_wait: float = protocol.DEFAULT_POLL_WAIT, retry_for: float = protocol.DEFAULT_RETRY_FOR,
+                 stall_after: float | None = protocol.DEFAULT_STALL_AFTER,
                  transport: httpx.BaseTransport | None = None) -> None:
         headers = protocol.default_headers(api_key)
         self.poll_wait = poll_wait
         self.retry_for = retry_for
+        self.stall_after = stall_after
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
                                   transport=transport)
 
@@ -83,9 +116,20 @@ class Client:
                thresholds: float | Mapping[str, float] | None = None) -> Job:
         """Enqueue texts for scoring (at most the server's `max_texts`); returns at once.
         `long_text`: "truncate" (default) or "windows"; `thresholds`: one probability, or {label: p}."""
-        body = protocol.submit_body(texts, long_text, thresholds)
-        response = self._request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
-        return Job(self, response.json()["id"])
+        submission = protocol.Submission(protocol.submit_body(texts, long_text, thresholds), uuid.uuid4().hex)
+        return Job(self, self._send(submission), submission)
+
+    def _send(self, submission: protocol.Submission) -> str:
+        response = self._request("POST", "/v1/jobs", json=submission.body, headers=submission.headers())
+        job_id: str = response.json()["id"]
+        return job_id
+
+    def fleet_ready(self) -> bool:
+        """Whether the broker answers and workers are beating (`/readyz`), asked once without retries."""
+        try:
+            return protocol.fleet_ready(self._http.get("/readyz"))
+        except httpx.HTTPError:
+            return False
 
     def job(self, job_id: str) -> Job:
         """A handle on a job submitted earlier (by this or another process)."""

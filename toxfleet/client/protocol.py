@@ -3,10 +3,12 @@ whether and when to retry. The blocking and asyncio clients differ only in how t
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -31,6 +33,12 @@ DEFAULT_JOB_CHARS = 1_000_000
 
 DEFAULT_IN_FLIGHT = 8
 """Jobs `score` keeps submitted at once, so the fleet always has the next one queued."""
+
+DEFAULT_STALL_AFTER = 600.0
+"""Seconds a waited job may make no progress, while the fleet reports ready workers, before it is
+submitted again (its messages went with the broker); a job that keeps progressing is never resubmitted."""
+
+logger = logging.getLogger("toxfleet.client")
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _BACKOFF_START, _BACKOFF_CAP = 0.5, 10.0
@@ -141,6 +149,58 @@ def early_pause(started: float, hold: float, attempt: int, deadline: float | Non
         return None
     return min(backoff_delay(attempt, None), max(0.0, remaining(deadline)))
 
+
+
+@dataclass
+class Submission:
+    """What a job was submitted with, so that a job the broker lost can be submitted again: the same
+    body under the same Idempotency-Key (a twin resubmit from elsewhere joins it). A server that still
+    maps the key to the very job that vanished or stalled gets a key derived from it (`generation`)."""
+
+    body: dict[str, Any]
+    key: str
+    generation: int = 0
+
+    def headers(self) -> dict[str, str]:
+        return {"Idempotency-Key": self.key if self.generation == 0 else f"{self.key}.{self.generation}"}
+
+    def answered(self, lost_id: str, new_id: str, why: str) -> bool:
+        """Note the server's answer to a resubmit of `lost_id`; False when it returned that same job
+        (then ask again under the next derived key)."""
+        if new_id == lost_id:
+            self.generation += 1
+            return False
+        logger.warning("job %s %s; submitted again as job %s", lost_id, why, new_id)
+        return True
+
+
+class Progress:
+    """When a waited job last moved (its status or count of finished chunks changed), to tell a job
+    that is slow from one that is stuck."""
+
+    def __init__(self, stall_after: float | None) -> None:
+        self.stall_after = stall_after
+        self.reset()
+
+    def reset(self) -> None:
+        self._seen: tuple[str, str, int] | None = None
+        self._since = time.monotonic()
+
+    def stalled(self, status: answers.JobStatus) -> bool:
+        mark = (status.id, status.status, status.done)
+        if mark != self._seen:
+            self._seen, self._since = mark, time.monotonic()
+        return self.stall_after is not None and time.monotonic() - self._since >= self.stall_after
+
+
+def fleet_ready(response: httpx.Response) -> bool:
+    """Whether `/readyz` says the broker answers and workers are beating: only then is a job that
+    makes no progress stuck rather than waiting for a fleet that is away."""
+    try:
+        body = response.json()
+        return response.status_code == 200 and body.get("status") == "ready" and int(body.get("workers", 0)) > 0
+    except (ValueError, AttributeError, TypeError):
+        return False
 
 
 def default_headers(api_key: str | None) -> dict[str, str]:

@@ -1,0 +1,136 @@
+"""End-to-end at-least-once through the official client: Redis is killed -9 in the middle of a bulk
+`Client.score()` and comes back EMPTY (no persistence, as a managed Redis without AOF, or a lost
+node, would): every job, queued, running or done, vanishes with it. The client sees its jobs answer
+404 after their 202 and submits them again under their Idempotency-Keys; every text still comes back
+once, in order, with Detoxify's scores, and no exception. The API and the worker are the same
+processes throughout: they reconnect by themselves."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from testing import Proc, RedisServer, base_env, free_port, start_api, start_worker, wait_for
+from testing.faults import record
+from toxfleet.client import Client, Result
+from toxfleet.corpus import CommentCorpus
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture
+def bare_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private Redis with no persistence: a kill loses everything in it."""
+    server = RedisServer(free_port(), tmp_path, appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+def finished_jobs(url: str) -> int:
+    client = redis.Redis.from_url(url)
+    done = 0
+    for key in client.scan_iter("celery-task-meta-*", count=500):
+        raw = client.get(key)
+        done += raw is not None and json.loads(raw).get("status") == "SUCCESS"
+    return done
+
+
+def test_client_recovers_every_job_when_redis_is_lost(bare_redis: RedisServer, tiny_checkpoint: tuple[Path, Path],
+                                                      tiny_detoxify: Any, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="toxfleet.client")
+    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="keeps-running")
+    api, url = start_api(tmp_path, bare_redis.url)
+    procs: list[Proc] = [worker, api]
+    pids = [p.proc.pid for p in procs if p.proc is not None]
+    texts = CommentCorpus(21).texts(400)
+    out: dict[str, Any] = {}
+
+    def score() -> None:
+        try:
+            with Client(url, stall_after=60) as c:
+                out["results"] = c.score(texts, job_size=10, in_flight=4)
+        except BaseException as exc:  # reported by the assertion below, not lost in the thread
+            out["error"] = exc
+
+    try:
+        thread = threading.Thread(target=score)
+        thread.start()
+        wait_for(lambda: finished_jobs(bare_redis.url) >= 3, 60, "the first jobs to finish", interval=0.02)
+        assert thread.is_alive(), "the load finished before the fault: nothing was shown"
+        bare_redis.kill()
+        t0 = time.monotonic()
+        bare_redis.start()  # empty: no AOF, no RDB
+        thread.join(300)
+        recovery = time.monotonic() - t0
+        assert not thread.is_alive(), "Client.score did not return"
+        assert "error" not in out, out.get("error")
+        results: list[Result] = out["results"]
+        resubmitted = sum("submitted again" in r.getMessage() for r in caplog.records)
+        record("redis-lost-client", {"submitted": len(texts), "succeeded": len(results),
+                                     "lost": len(texts) - len(results), "duplicated": 0,
+                                     "resubmitted_jobs": resubmitted}, recovery)
+        assert resubmitted > 0, "no job was lost with Redis: the fault landed after the load"
+        assert len(results) == len(texts)
+        for start in range(0, len(texts), 40):  # in order, and Detoxify's own scores
+            expected = tiny_detoxify.predict(texts[start: start + 40])
+            for i, r in enumerate(results[start: start + 40]):
+                for label, value in r.scores.items():
+                    assert value == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        # Nobody was restarted: the same processes, and they still serve a fresh job.
+        assert all(p.alive() for p in procs) and [p.proc.pid for p in procs if p.proc is not None] == pids
+        with Client(url) as c:
+            assert len(c.score(texts[:5])) == 5
+        assert httpx.get(url + "/readyz", timeout=5).json()["workers"] >= 1
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def test_cli_recovers_every_row_when_redis_is_lost(bare_redis: RedisServer, tiny_checkpoint: tuple[Path, Path],
+                                                   tiny_detoxify: Any, tmp_path: Path) -> None:
+    """`toxfleet score` over a file, Redis killed -9 mid-run and restarted empty: it exits 0 and every
+    row is in the output once, in order, with Detoxify's scores (it waits through the same client)."""
+    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="cli-keeps-running")
+    api, url = start_api(tmp_path, bare_redis.url, name="cli-api")
+    texts = CommentCorpus(22).texts(400)
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    toxfleet = str(Path(sys.executable).parent / "toxfleet")
+    cli = subprocess.Popen([toxfleet, "score", str(src), "-o", str(out), "--url", url, "--job-size", "10",
+                            "--in-flight", "4", "--stall-after", "60", "--no-progress"],
+                           env=base_env(bare_redis.url, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        wait_for(lambda: finished_jobs(bare_redis.url) >= 3, 60, "the first jobs to finish", interval=0.02)
+        assert cli.poll() is None, "the CLI finished before the fault: nothing was shown"
+        bare_redis.kill()
+        bare_redis.start()  # empty
+        _, err = cli.communicate(timeout=300)
+        assert cli.returncode == 0, err
+        assert "submitted again" in err  # the client's warning: jobs really were lost and resubmitted
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["id"] for r in rows] == list(range(len(texts)))
+        for start in range(0, len(texts), 40):
+            expected = tiny_detoxify.predict(texts[start: start + 40])
+            for i, row in enumerate(rows[start: start + 40]):
+                for label in expected:
+                    assert row[label] == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        assert worker.alive() and api.alive()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        api.stop()
+        worker.stop()
