@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from worker.backends.base import FP32, REDUCED, Backend
@@ -241,11 +241,16 @@ def reference_row(reference: Backend, texts: Sequence[str], scores: Sequence[Seq
                 reference.load_seconds)
 
 
+def _quiet(_: str) -> None:
+    pass
+
+
 def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
-             texts: Sequence[str] | None = None) -> list[GateRow]:
+             texts: Sequence[str] | None = None, progress: Callable[[str], None] = _quiet) -> list[GateRow]:
     """The gate table: the reference's row first, then one row per backend (a backend that cannot load
-    on this machine gets a failed row saying why)."""
+    on this machine gets a failed row saying why); `progress` hears each step."""
     texts = list(gate_texts() if texts is None else texts)
+    progress(f"reference torch on {len(texts)} texts")
     reference = load_backend("torch", settings)
     ref_scores, ref_rate = score(reference, texts, settings)
     rows = [reference_row(reference, texts, ref_scores, ref_rate)]
@@ -262,7 +267,9 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
         except Exception as exc:
             rows.append(_failed(name, precision, len(texts), budget_for(precision), f"cannot load: {exc}"))
             continue
+        progress(f"{name} on {len(texts)} texts")
         rows.append(measure(backend, texts, ref_scores, labels, settings))
+        progress(f"{name}: {'pass' if rows[-1].passed else 'FAIL'} (max abs {rows[-1].max_abs:.2e})")
         del backend
         gc.collect()
     return rows
