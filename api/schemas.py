@@ -68,9 +68,30 @@ class Health(BaseModel):
     status: str
 
 
+class GateFigures(BaseModel):
+    """The fidelity gate's row for the backend `auto` chose (docs/backends.md)."""
+
+    max_abs: float | None = Field(None, description="Largest absolute probability difference from torch fp32.")
+    p99_abs: float | None = Field(None, description="99th percentile of the absolute differences.")
+    flips_pct: float | None = Field(None, description="Texts (%) with a decision changed at the worst threshold.")
+    min_spearman: float | None = Field(None, description="Lowest per-label rank agreement (reference >= 0.05).")
+    texts_per_s: float | None = Field(None, description="Gate throughput of this backend on the deciding machine.")
+    decided_at: float | None = Field(None, description="When the gate decided (unix time).")
+
+
+class WorkerBackend(BaseModel):
+    hostname: str
+    model: str | None
+    backend: str | None = Field(description="The backend this worker runs.")
+    gate: GateFigures | None = Field(description="The gate figures behind it when `auto` chose it; "
+                                                 "null for a backend set by name or `auto` without a decision.")
+
+
 class Readiness(BaseModel):
     status: Literal["ready", "unavailable"]
     broker: Literal["ok", "unreachable"]
     workers: int = Field(description="Workers whose heartbeat is recent.")
     models: list[str] = Field(description="Models the answering workers run.")
     queue_depth: int | None
+    backends: list[WorkerBackend] = Field(default_factory=list,
+                                          description="Per answering worker: the backend it runs and why.")

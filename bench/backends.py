@@ -280,8 +280,8 @@ def model_ops_per_text(tokens: int, padded: int, texts: int) -> tuple[float, flo
 def fidelity(reference: list[list[float]], scores: list[list[float]]) -> tuple[float, float]:
     """(max abs difference, fraction of texts with any label flipped at p >= 0.5), by the gate's
     own comparison."""
-    worst, _, flips = compare(reference, scores)
-    return worst, flips / len(reference)
+    c = compare(reference, scores)
+    return c.max_abs, c.flips / len(reference)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,11 @@ if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
 fi
 export FLOWER_BASIC_AUTH
 
+# What the configured backend needs (export; the fidelity gate for auto), only if missing: a failure
+# prints the reason and stops here, before any worker starts.
+echo "run: preparing TOXFLEET_BACKEND=${TOXFLEET_BACKEND:-auto}"
+"$VENV/bin/python" -m worker.export --prepare
+
 "$VENV/bin/celery" -A worker worker --loglevel=INFO --events --hostname "worker@%h" &
 pids+=($!)
 "$VENV/bin/uvicorn" api.main:app --host "${API_HOST:-127.0.0.1}" --port "$API_PORT" &

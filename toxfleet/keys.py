@@ -90,6 +90,9 @@ class Heartbeat:
     pid: int | None = None
     host: str | None = None
     model_loads: int | None = None
+    gate: dict[str, Any] | None = None
+    """When `auto` chose the backend: the fidelity gate's figures for it (`worker.gate.selection.gate_figures`:
+    max_abs, p99_abs, flips_pct, min_spearman, texts_per_s, decided_at); None for a backend set by name."""
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -100,7 +103,8 @@ class Heartbeat:
         data: dict[str, Any] = json.loads(raw)
         return cls(hostname=str(data.get("hostname", "")), model=data.get("model"), backend=data.get("backend"),
                    cache=bool(data.get("cache")), concurrency=int(data.get("concurrency", 1)),
-                   pid=data.get("pid"), host=data.get("host"), model_loads=data.get("model_loads"))
+                   pid=data.get("pid"), host=data.get("host"), model_loads=data.get("model_loads"),
+                   gate=gate if isinstance(gate := data.get("gate"), dict) else None)
 
     def write(self, pipe: Any, now: float) -> None:
         """Queue one beat on a (sync) pipeline: the hostname's time, and this description, which

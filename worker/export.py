@@ -8,6 +8,12 @@ stale, runs the fidelity gate on this CPU (`worker.gate`) and writes the decisio
     python -m worker.export                # reads TOXFLEET_CHECKPOINT / TOXFLEET_HF_CONFIG / TOXFLEET_MODEL
     python -m worker.export --check        # verify only; exit 1 with the reason if a worker would refuse it
     python -m worker.export --no-gate      # artifacts only (the gate needs minutes on a full-size model)
+    python -m worker.export --prepare      # what the configured backend needs, only if missing (`make run`)
+
+`--prepare` is what `scripts/run.sh` runs before the workers start. For `auto`: nothing when a valid
+decision exists for this checkpoint's sha256 on this CPU and these versions; else the export, then
+the gate, which writes the decision. For a forced backend that loads an export (`onnx`, `onnx-int8`):
+the export (no gate). For the torch backends: nothing.
 
 This module is an entry point on top of `worker.exports` and `worker.gate`; nothing imports it.
 """
@@ -23,6 +29,7 @@ from pathlib import Path
 from worker.exports.artifacts import ExportError, export_location, verify_export
 from worker.exports.build import ensure_export
 from worker.gate import cli as gate_cli
+from worker.gate.selection import valid_decision
 from worker.settings import WorkerSettings
 
 
@@ -34,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if the export is current")
     parser.add_argument("--no-gate", action="store_true", help="skip the fidelity gate and the auto decision")
     parser.add_argument("--texts", type=int, default=None, help="gate corpus size (default: worker.gate's)")
+    parser.add_argument("--prepare", action="store_true",
+                        help="prepare what TOXFLEET_BACKEND needs, only if missing (export; gate for auto)")
     parser.add_argument("--out", type=Path, default=None,
                         help="export root, as TOXFLEET_EXPORT_DIR (workers must then be given the same value)")
     args = parser.parse_args(argv)
@@ -49,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"export OK: {directory}")
         return 0
+    if args.prepare:
+        return prepare(settings, args.texts)
     started = time.perf_counter()
     try:
         directory = ensure_export(settings, force=args.force)
@@ -59,6 +70,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_gate:
         return 0
     return gate_cli.main(["--write-decision"] + ([] if args.texts is None else ["--texts", str(args.texts)]))
+
+
+def prepare(settings: WorkerSettings, texts: int | None = None) -> int:
+    """Make what `settings.backend` needs, if it is missing; 0 when the workers can start."""
+    name = settings.backend
+    if name == "auto":
+        decision = valid_decision(settings)
+        if not isinstance(decision, str):
+            print(f"prepare: auto -> {decision.chosen}: cached decision for this checkpoint, CPU and versions "
+                  f"(nothing to do)", flush=True)
+            return 0
+        print(f"prepare: auto: {decision}; exporting, then gating (minutes on a full-size model)", flush=True)
+        return main(["--texts", str(texts)] if texts is not None else [])
+    if name.startswith("onnx"):
+        started = time.perf_counter()
+        try:
+            directory = ensure_export(settings)
+        except ExportError as exc:
+            print(f"toxfleet export: {exc}", file=sys.stderr)
+            return 1
+        print(f"prepare: {name}: export {directory} ({time.perf_counter() - started:.1f}s)", flush=True)
+        return 0
+    print(f"prepare: {name}: nothing to prepare (built from the checkpoint at start)", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

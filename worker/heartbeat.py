@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -30,12 +31,12 @@ class HeartbeatThread(threading.Thread):
     above zero, and removes the worker's entry on `stop()`. What a beat says is `toxfleet.keys.Heartbeat`."""
 
     def __init__(self, settings: WorkerSettings, hostname: str, concurrency: int, backend: str,
-                 model_loads: Callable[[], int]) -> None:
+                 model_loads: Callable[[], int], gate: dict[str, Any] | None = None) -> None:
         super().__init__(name="toxfleet-heartbeat", daemon=True)
         self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._model_loads = model_loads
         self._beat = Heartbeat(hostname, model=settings.model_identity, backend=backend, cache=settings.cache,
-                               concurrency=concurrency, pid=os.getpid(), host=socket.gethostname())
+                               concurrency=concurrency, pid=os.getpid(), host=socket.gethostname(), gate=gate)
         # Not `_stop`: threading.Thread has a `_stop()` method that fork calls on every thread.
         self._stopping = threading.Event()
 

@@ -21,7 +21,7 @@ from celery import signals
 from toxfleet import logs
 from worker import state
 from worker.exports.artifacts import ExportError
-from worker.gate.selection import check_backend
+from worker.gate.selection import check_backend, gate_figures
 from worker.heartbeat import HeartbeatThread
 from worker.settings import get_settings
 from worker.sweeper import Sweeper
@@ -35,17 +35,20 @@ _backend_name: str | None = None
 """The backend `auto` resolved to in the main process, for the heartbeat (pool processes resolve alike)."""
 _backend_why = ""
 """Why that backend (the gate's decision, or why `auto` runs the reference), logged once the worker is ready."""
+_backend_gate: dict[str, Any] | None = None
+"""The gate figures behind that backend when `auto` chose it, for the heartbeat (`/readyz`)."""
 _heartbeat: HeartbeatThread | None = None
 _sweeper: Sweeper | None = None
 
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    global _loaded, _backend_name, _backend_why
+    global _loaded, _backend_name, _backend_why, _backend_gate
     settings = get_settings()
     check_weights(settings)
     try:
         _backend_name, _backend_why = check_backend(settings)
+        _backend_gate = gate_figures(settings, _backend_name)
     except ExportError as exc:
         raise SystemExit(f"toxfleet worker: TOXFLEET_BACKEND={settings.backend}: {exc}") from None
     # Shared memory the pool processes (forked later) count their finished model loads into.
@@ -102,7 +105,7 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     logger.info("backend %s (%s)", _backend_name, _backend_why)
     settings = get_settings()
     _heartbeat = HeartbeatThread(settings, sender.hostname, sender.controller.concurrency,
-                                 _backend_name or settings.backend, _model_loads)
+                                 _backend_name or settings.backend, _model_loads, _backend_gate)
     _heartbeat.start()
     if settings.sweep_seconds > 0:
         _sweeper = Sweeper(settings.redis_url, score.backend.get_key_for_task,

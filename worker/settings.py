@@ -17,7 +17,7 @@ from toxfleet import cache as cache_defaults
 from toxfleet import contract
 from toxfleet.keys import DEFAULT_REDIS_URL
 
-BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-bf16", "onnx", "onnx-int8")
+BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-int8-rowwise", "torch-bf16", "onnx", "onnx-int8")
 """Values TOXFLEET_BACKEND accepts; `worker.backends.loader.load_backend` builds each of them
 (`auto` resolved first by `worker.gate.selection`)."""
 
@@ -35,8 +35,8 @@ class WorkerSettings(BaseSettings):
         description="Inference backend: `auto` (the default): the fastest backend that passed the fidelity gate "
                     "for this checkpoint on this kind of CPU (`python -m worker.export` decides; without a valid "
                     "decision for this checkpoint, CPU and runtime, `auto` runs `torch` and logs why); or one by "
-                    "name: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, `torch-bf16`, "
-                    "`onnx`, `onnx-int8`. See docs/backends.md.")
+                    "name: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, "
+                    "`torch-int8-rowwise`, `torch-bf16`, `onnx`, `onnx-int8`. See docs/backends.md.")
     export_dir: Path | None = Field(
         None,
         description="Directory holding ahead-of-time ONNX exports, one subdirectory per checkpoint sha256; "

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from api.deps import FleetDep
-from api.schemas import Health, Readiness
+from api.schemas import GateFigures, Health, Readiness, WorkerBackend
 
 router = APIRouter(tags=["health"])
 
@@ -29,7 +29,10 @@ async def readyz(fleet: FleetDep) -> Readiness | JSONResponse:
         body = Readiness(status="unavailable", broker="unreachable", workers=0, models=[], queue_depth=None)
         return JSONResponse(body.model_dump(), status_code=503, headers={"Retry-After": "2"})
     models = sorted({w.model or "?" for w in workers})
-    return Readiness(status="ready", broker="ok", workers=len(workers), models=models, queue_depth=depth)
+    backends = [WorkerBackend(hostname=w.hostname, model=w.model, backend=w.backend,
+                              gate=GateFigures.model_validate(w.gate) if w.gate else None) for w in workers]
+    return Readiness(status="ready", broker="ok", workers=len(workers), models=models, queue_depth=depth,
+                     backends=backends)
 
 
 @router.get("/healthcheck", response_model=Health)

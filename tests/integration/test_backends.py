@@ -165,8 +165,8 @@ def test_compare_counts_texts_with_any_flipped_label() -> None:
     """A text counts once however many of its labels cross 0.5; the max diff is over all labels."""
     ref = [[0.1, 0.9], [0.49, 0.51], [0.3, 0.3]]
     got = [[0.6, 0.4], [0.49, 0.51], [0.3, 0.35]]
-    worst, _, flips = compare(ref, got)
-    assert flips == 1 and worst == pytest.approx(0.5)
+    c = compare(ref, got)
+    assert c.flips == 1 and c.max_abs == pytest.approx(0.5)
 
 
 def test_corrupt_export_is_refused_with_the_command(exported: WorkerSettings, tmp_path: Path) -> None:

@@ -66,6 +66,9 @@ def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path
                FLOWER_PORT=str(flower_port), REDIS_DIR=str(tmp_path / "redis"), HF_HUB_OFFLINE="1",
                TOXFLEET_CHECKPOINT=str(tiny_checkpoint[0]), TOXFLEET_HF_CONFIG=str(tiny_checkpoint[1]),
                TOXFLEET_CONCURRENCY="1", TOXFLEET_METRICS_PORT="0", FLOWER_BASIC_AUTH="u:p",
+               # A private export root: the decision run.sh's prepare writes must not make every later
+               # test's worker on the shared tiny checkpoint run the backend chosen here.
+               TOXFLEET_EXPORT_DIR=str(tmp_path / "exports"),
                **{redis_server.ENV_BINARY: VALKEY})
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
@@ -73,8 +76,12 @@ def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path
                                start_new_session=True)
     try:
         api = f"http://127.0.0.1:{api_port}"
-        wait_for(lambda: httpx.get(api + "/readyz", timeout=2).json()["workers"] >= 1, 120, "run.sh's fleet",
+        # On the first run for this checkpoint, run.sh prepares `auto` (ONNX export + fidelity gate, minutes
+        # on loaded cores) before any worker starts; later runs find the decision cached.
+        wait_for(lambda: httpx.get(api + "/readyz", timeout=2).json()["workers"] >= 1, 600, "run.sh's fleet",
                  interval=0.5)
+        assert "run: preparing TOXFLEET_BACKEND=auto" in log.read_text()
+        assert list((tmp_path / "exports").glob("*/decision.json")), log.read_text()
         submitted = httpx.post(api + "/v1/jobs", json={"texts": ["you are lovely"]}, timeout=5)
         assert submitted.status_code == 202, submitted.text
         job = httpx.get(api + submitted.headers["location"], params={"wait": 30}, timeout=40).json()

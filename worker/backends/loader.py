@@ -21,6 +21,9 @@ TORCH_BACKENDS: dict[str, type[TorchBackend]] = {
     "torch": TorchBackend, "torch-int8": TorchInt8Backend, "torch-bf16": TorchBf16Backend}
 """Backends built on the model Detoxify loads."""
 
+ROWWISE = "torch-int8-rowwise"
+"""Per-row int8 (`worker.backends.rowwise`): built on Detoxify's model too, imported only when chosen."""
+
 
 def load_backend(name: str, settings: WorkerSettings) -> Backend:
     """Build backend `name` (a TOXFLEET_BACKEND value other than `auto`) for these settings."""
@@ -34,6 +37,14 @@ def load_backend(name: str, settings: WorkerSettings) -> Backend:
 
         torch.set_num_threads(settings.torch_threads)
         backend = TORCH_BACKENDS[name](load_detoxify(settings), settings.model_identity)
+    elif name == ROWWISE:
+        import torch  # heavy, and absent from ONNX-only images: only on the torch backends' path
+
+        # Its module defines torch.nn.Module classes at import (so imports torch): only on its own path.
+        from worker.backends.rowwise import TorchRowwiseInt8Backend
+
+        torch.set_num_threads(settings.torch_threads)
+        backend = TorchRowwiseInt8Backend(load_detoxify(settings), settings.model_identity)
     elif name == "auto":
         raise ValueError("TOXFLEET_BACKEND=auto must be resolved first (worker.gate.selection.resolve_backend)")
     else:

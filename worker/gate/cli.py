@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     required = [b for b in args.require.split(",") if b]
     if args.write_decision or any(b.startswith("onnx") for b in backends):
         ensure_export(settings)
-    rows = run_gate(settings, backends, gate_texts(args.texts))
+    rows = run_gate(settings, backends, gate_texts(args.texts),
+                    lambda step: print(f"gate: {step}", file=sys.stderr, flush=True))
     print(format_table(rows))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))

@@ -18,25 +18,55 @@ REFERENCE = "torch"
 """What `auto` runs without a valid decision: Detoxify's own model, fp32."""
 
 
+def valid_decision(settings: WorkerSettings) -> Decision | str:
+    """The gate's decision for this checkpoint, if it still holds for this CPU and these library
+    versions; otherwise why not (with the command that makes one)."""
+    try:
+        directory, sha = export_location(settings)
+    except ExportError as exc:
+        return str(exc)
+    try:
+        decision = Decision.read(directory)
+    except FileNotFoundError:
+        return (f"no fidelity decision at {directory / DECISION_FILE}; "
+                "run `python -m worker.export` on this machine to gate the faster backends")
+    except (ValueError, TypeError) as exc:
+        return f"unreadable {directory / DECISION_FILE} ({exc})"
+    reason = decision.invalid_because(sha)
+    if reason is not None:
+        return f"{reason}; rerun `python -m worker.export` here"
+    return decision
+
+
+def chosen_row(decision: Decision) -> dict[str, Any]:
+    """The gate row of the backend the decision chose (empty if the decision lacks it)."""
+    return next((r for r in decision.rows if r.get("backend") == decision.chosen), {})
+
+
+def gate_figures(settings: WorkerSettings, name: str) -> dict[str, Any] | None:
+    """The gate figures behind backend `name` when `auto` chose it from a valid decision (for the
+    heartbeat and `/readyz`); None for a backend set by name or run without a decision."""
+    if settings.backend != "auto":
+        return None
+    decision = valid_decision(settings)
+    if isinstance(decision, str) or decision.chosen != name:
+        return None
+    row = chosen_row(decision)
+    flips = row.get("flip_fraction")
+    return {"max_abs": row.get("max_abs"), "p99_abs": row.get("p99_abs"),
+            "flips_pct": round(100 * flips, 3) if isinstance(flips, int | float) else None,
+            "min_spearman": row.get("min_spearman"), "texts_per_s": row.get("texts_per_s"),
+            "decided_at": decision.created}
+
+
 def resolve_backend(settings: WorkerSettings) -> tuple[str, str]:
     """(backend name, why) for these settings; explicit names pass through unchanged."""
     if settings.backend != "auto":
         return settings.backend, "TOXFLEET_BACKEND"
-    try:
-        directory, sha = export_location(settings)
-    except ExportError as exc:
-        return REFERENCE, f"reference: {exc}"
-    try:
-        decision = Decision.read(directory)
-    except FileNotFoundError:
-        return REFERENCE, (f"reference: no fidelity decision at {directory / DECISION_FILE}; "
-                           "run `python -m worker.export` on this machine to gate the faster backends")
-    except (ValueError, TypeError) as exc:
-        return REFERENCE, f"reference: unreadable {directory / DECISION_FILE} ({exc})"
-    reason = decision.invalid_because(sha)
-    if reason is not None:
-        return REFERENCE, f"reference: {reason}; rerun `python -m worker.export` here"
-    row = next((r for r in decision.rows if r.get("backend") == decision.chosen), {})
+    decision = valid_decision(settings)
+    if isinstance(decision, str):
+        return REFERENCE, f"reference: {decision}"
+    row = chosen_row(decision)
     return decision.chosen, (f"fastest that passed the fidelity gate: {_number(row.get('texts_per_s'), '.1f')} "
                              f"texts/s, max abs diff {_number(row.get('max_abs'), '.2e')}")
 
