@@ -47,4 +47,5 @@ def send_chunks(celery: Celery, job_id: str, chunks: list[list[str]], kwargs: di
     with celery.producer_or_acquire() as producer:
         for i, texts in enumerate(chunks):
             celery.send_task(contract.SCORE_TASK, args=[texts], kwargs=kwargs,
-                             task_id=contract.chunk_task_id(job_id, i), producer=producer, headers=headers)
+                             task_id=contract.chunk_task_id(job_id, i), producer=producer, headers=headers,
+                             argsrepr=contract.args_summary([texts]))

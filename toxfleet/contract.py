@@ -69,6 +69,13 @@ LABELS = ("toxicity", "severe_toxicity", "obscene", "identity_attack", "insult",
 `multilingual` all seven); thresholds may only name these."""
 
 
+def args_summary(args: object) -> str:
+    """What logs, Celery events and Flower show of a task's arguments: how many texts, never the texts
+    (pass it as `send_task(..., argsrepr=...)`; workers also put it in every event whatever was sent)."""
+    texts = args[0] if isinstance(args, list | tuple) and args else None
+    return f"{len(texts)} texts" if isinstance(texts, list | tuple) else "invalid arguments"
+
+
 def window_starts(length: int, size: int, overlap: int = WINDOW_OVERLAP_TOKENS) -> list[int]:
     """Where the windows over `length` content tokens start: every window holds `size` tokens (the
     last one is aligned to the end rather than left short), consecutive ones share at least

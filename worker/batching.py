@@ -95,7 +95,11 @@ class BatchTask(Task):  # type: ignore[misc]
         stamp = time()
         self.on_publish_again(task_id, stamp)
         self.apply_async(args=args, kwargs=kwargs, task_id=task_id, retries=retries,
-                         headers={SENT_AT_HEADER: stamp})
+                         headers={SENT_AT_HEADER: stamp}, argsrepr=self.describe(args))
+
+    def describe(self, args: Any) -> str:
+        """What events, `inspect` and Flower show as the request's arguments (instead of them)."""
+        return "(hidden)"
 
     def on_publish_again(self, task_id: str, stamp: float) -> None:
         """Called just before `publish_again` sends a message stamped `stamp` (main process)."""
@@ -122,6 +126,9 @@ class BatchTask(Task):  # type: ignore[misc]
                       decoded=decoded, utc=utc)
             if (req.expires or req.id in revoked_tasks) and req.revoked():
                 return
+            # Whatever the publisher put in `argsrepr` (by default the texts themselves), events,
+            # `inspect` and Flower see a description only.
+            req._argsrepr = self.describe(req.args)
             signals.task_received.send(sender=consumer, request=req)
             req.send_event("task-received", name=req.name, args=req.argsrepr, kwargs=req.kwargsrepr,
                            retries=req.request_dict.get("retries", 0))

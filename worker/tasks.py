@@ -79,6 +79,9 @@ class ScoreTask(BatchTask):
         mode = (kwargs or {}).get("long_text", contract.TRUNCATE)
         return sum(contract.estimate_tokens(t, mode) for t in args[0])
 
+    def describe(self, args: Any) -> str:
+        return contract.args_summary(args)
+
     def on_batch_lost(self, batch_id: str, task_ids: list[str]) -> None:
         ResultStore(self.backend).release(task_ids, batch_id)
 
