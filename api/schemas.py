@@ -64,6 +64,16 @@ class Job(BaseModel):
     cache_hits: int = Field(0, description="Texts answered from the score cache so far, without the model.")
 
 
+class Problem(BaseModel):
+    """An RFC 9457 problem (served as `application/problem+json`)."""
+
+    type: str = Field(description="Stable URI naming the problem, e.g. `/problems/queue-full`.")
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, object]] | None = Field(None, description="A 422's field errors (`loc`, `msg`, `type`).")
+
+
 class Health(BaseModel):
     status: str
 

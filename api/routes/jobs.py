@@ -9,17 +9,21 @@ from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyDep
 from api.deps import ReadDep, SettingsDep, SubmitDep
-from api.schemas import JOB_ID_PATTERN, Flags, Job, JobAccepted, JobRequest, Progress
+from api.schemas import JOB_ID_PATTERN, Flags, Job, JobAccepted, JobRequest, Problem, Progress
 from api.services.read import JobView
 from api.settings import ApiSettings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
+_PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "API keys are on: send `Authorization: Bearer <key>`"},
-    404: {"description": "Unknown or expired job"},
-    429: {"description": "Queue full; see Retry-After"},
-    503: {"description": "Broker unavailable; see Retry-After"},
+    code: {"description": text, "model": Problem, "content": _PROBLEM} for code, text in {
+        401: "`/problems/unauthorized`: API keys are on: send `Authorization: Bearer <key>`",
+        404: "`/problems/not-found`: unknown, expired or deleted job",
+        413: "`/problems/body-too-large`",
+        429: "`/problems/queue-full` or `/problems/rate-limited`; see Retry-After",
+        503: "`/problems/broker-unavailable`; see Retry-After",
+    }.items()
 }
 
 

@@ -46,13 +46,19 @@ def retry_after(response: httpx.Response) -> float | None:
 
 
 def error_of(response: httpx.Response) -> answers.APIError:
+    """The exception for an error answer: an RFC 9457 problem (`type`, `detail`, a 422's `errors`),
+    or whatever body a proxy in front sent."""
     try:
-        detail = response.json().get("detail", response.text)
+        body = response.json()
     except ValueError:
-        detail = response.text
+        body = None
+    if not isinstance(body, dict):
+        body = {}
     kind = {401: answers.Unauthorized, 404: answers.JobNotFound, 400: answers.InvalidRequest,
             413: answers.InvalidRequest, 422: answers.InvalidRequest}.get(response.status_code, answers.APIError)
-    return kind(response.status_code, detail, retry_after(response))
+    errors = body.get("errors")
+    return kind(response.status_code, body.get("detail", response.text), retry_after(response),
+                problem_type=body.get("type"), errors=errors if isinstance(errors, list) else None)
 
 
 def backoff_delay(attempt: int, response: httpx.Response | None) -> float:
