@@ -51,7 +51,7 @@ async def submit_job(
     response: Response,
     jobs: SubmitDep,
     settings: SettingsDep,
-    _key: KeyDep,
+    key: KeyDep,
     idempotency_key: Annotated[str | None, Header(
         min_length=1, max_length=255,
         description="Retrying with the same key returns the same job (remembered for `idempotency_ttl`); "
@@ -61,7 +61,7 @@ async def submit_job(
     check_texts(body.texts, settings)
     thresholds = settings.base_thresholds.override(body.thresholds)
     job_id, created = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
-                                        long_text=body.long_text, thresholds=thresholds)
+                                        long_text=body.long_text, thresholds=thresholds, owner=key)
     url = f"/v1/jobs/{job_id}"
     response.headers["Location"] = url
     response.headers["Retry-After"] = str(settings.retry_after)
@@ -76,14 +76,14 @@ async def get_job(
     response: Response,
     jobs: ReadDep,
     settings: SettingsDep,
-    _key: KeyDep,
+    key: KeyDep,
     wait: Annotated[float, Query(ge=0, description="Seconds to wait for the job to finish (long-poll).")] = 0,
 ) -> Job:
     """The job's status, and its results once succeeded."""
     if wait > settings.max_wait:
         raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "wait"), "input": wait,
                                        "msg": f"wait must be at most {settings.max_wait} seconds"}])
-    view = await jobs.get(job_id, wait=wait)
+    view = await jobs.get(job_id, wait=wait, owner=key)
     if not view.finished:
         response.headers["Retry-After"] = str(settings.retry_after)
     return to_job(view)

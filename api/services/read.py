@@ -58,11 +58,12 @@ class ReadService:
         self._result_key = result_key
         self._waiter = waiter
 
-    async def get(self, job_id: str, wait: float = 0.0) -> JobView:
-        """The job now, or once finished if that happens within `wait` seconds."""
+    async def get(self, job_id: str, wait: float = 0.0, owner: str | None = None) -> JobView:
+        """The job now, or once finished if that happens within `wait` seconds; with `owner` (the
+        caller's key id), JobNotFound unless that key created the job."""
         logs.bind_job(job_id)
         try:
-            manifest = await self._manifest(job_id)
+            manifest = await self._manifest(job_id, owner)
             result_keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(manifest["chunks"]))]
             if wait <= 0:
                 view = self._view(job_id, manifest, await self._metas(result_keys))
@@ -76,11 +77,13 @@ class ReadService:
             logger.info("job %s %s: texts=%d", job_id, view.status, view.total, extra=fields)
         return view
 
-    async def _manifest(self, job_id: str) -> dict[str, Any]:
+    async def _manifest(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
         raw = await self._redis.get(keys.job_key(job_id))
-        if raw is None:
-            raise JobNotFound(f"no job {job_id} (unknown, or expired after {self._settings.result_expires}s)")
-        manifest: dict[str, Any] = json.loads(raw)
+        manifest: dict[str, Any] | None = json.loads(raw) if raw is not None else None
+        # Another key's job is answered exactly like a missing one: its existence is not disclosed.
+        if manifest is None or (owner is not None and manifest.get("owner") != owner):
+            raise JobNotFound(f"no job {job_id} (unknown, deleted, or expired after "
+                              f"{self._settings.result_expires}s)")
         return manifest
 
     def _view(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:

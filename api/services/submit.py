@@ -48,9 +48,10 @@ class SubmitService:
 
     async def submit(self, texts: list[str], idempotency_key: str | None = None,
                      fingerprint: str = "", long_text: str = contract.TRUNCATE,
-                     thresholds: Thresholds | None = None) -> tuple[str, bool]:
+                     thresholds: Thresholds | None = None, owner: str | None = None) -> tuple[str, bool]:
         """Enqueue a job; returns `(job_id, created)`. With an idempotency key seen before (and the
-        same request `fingerprint`), returns the earlier job instead, `created` False. A job whose
+        same request `fingerprint`), returns the earlier job instead, `created` False. `owner` (the
+        caller's key id, a hash, never the key) is stored with the job and scopes the idempotency key. A job whose
         texts are all in the score cache is stored as succeeded at once, and no worker sees it."""
         job_id = uuid.uuid4().hex
         chunks = contract.chunk(texts, long_text=long_text)
@@ -58,8 +59,11 @@ class SubmitService:
         kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
         sent_at = time.time()  # the messages' publish time, also recorded with them as pending
         manifest = json.dumps({"chunks": [len(c) for c in chunks], "created": sent_at, "long_text": long_text,
-                               "thresholds": (thresholds or self._settings.base_thresholds).to_json()})
-        idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(idempotency_key.encode()).hexdigest() \
+                               "thresholds": (thresholds or self._settings.base_thresholds).to_json(),
+                               **({"owner": owner} if owner else {})})
+        # Scoped per API key: another key's identical Idempotency-Key is another job.
+        scoped = f"{owner or ''}\n{idempotency_key}"
+        idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(scoped.encode()).hexdigest() \
             if idempotency_key else None
         try:
             if idem_key and (earlier := await self._redis.get(idem_key)) is not None:
