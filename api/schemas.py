@@ -37,7 +37,7 @@ class JobRequest(BaseModel):
 
 class JobAccepted(BaseModel):
     id: str
-    status: JobStatus = "queued"
+    status: JobStatus = Field("queued", description="`succeeded` when the score cache answered every text at once.")
     url: str = Field(description="Where to GET the job (same as the Location header).")
 
 
@@ -62,6 +62,10 @@ class Job(BaseModel):
     flags: list[Flags] | None = Field(
         None, description="Parallel to `results`: per text, the thresholded decision; null until succeeded.")
     cache_hits: int = Field(0, description="Texts answered from the score cache so far, without the model.")
+    created_at: str | None = Field(None, description="When the job was submitted (RFC 3339, UTC).")
+    started_at: str | None = Field(None, description="When a worker started on it (RFC 3339, UTC); null until then.")
+    finished_at: str | None = Field(None, description="When its last result was stored; null until finished.")
+    expires_at: str | None = Field(None, description="When the job and its results are forgotten (404 after).")
 
 
 class Problem(BaseModel):

@@ -23,7 +23,7 @@ router = APIRouter(tags=["compatibility"])
 
 async def _score(texts: list[str], submit: SubmitService, read: ReadService,
                  settings: ApiSettings, key: str | None) -> list[dict[str, float]]:
-    job_id, _ = await submit.submit(texts, owner=key)
+    job_id = (await submit.submit(texts, owner=key)).job_id
     view = await read.get(job_id, wait=settings.compat_timeout, owner=key)
     if view.status == "failed":
         raise ScoringFailed(view.error or "scoring failed")

@@ -42,7 +42,9 @@ def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = 
 def to_job(view: JobView) -> Job:
     flags = [Flags(**f) for f in view.flags] if view.flags is not None else None
     return Job(id=view.id, status=view.status, results=view.results, model=view.model, error=view.error,  # type: ignore[arg-type]
-               progress=Progress(done=view.done, total=view.total), flags=flags, cache_hits=view.cache_hits)
+               progress=Progress(done=view.done, total=view.total), flags=flags, cache_hits=view.cache_hits,
+               created_at=view.created_at, started_at=view.started_at, finished_at=view.finished_at,
+               expires_at=view.expires_at)
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=_ERRORS)
@@ -60,14 +62,25 @@ async def submit_job(
     """Enqueue texts for scoring; poll the Location it returns."""
     check_texts(body.texts, settings)
     thresholds = settings.base_thresholds.override(body.thresholds)
-    job_id, created = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
+    job_id, created, status = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
                                         long_text=body.long_text, thresholds=thresholds, owner=key)
     url = f"/v1/jobs/{job_id}"
     response.headers["Location"] = url
     response.headers["Retry-After"] = str(settings.retry_after)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
-    return JobAccepted(id=job_id, url=url)
+    return JobAccepted(id=job_id, url=url, status=status)  # type: ignore[arg-type]
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response, responses=_ERRORS)
+async def delete_job(
+    job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The id `POST /v1/jobs` returned.")],
+    jobs: SubmitDep,
+    key: KeyDep,
+) -> Response:
+    """Forget the job: a later GET is 404, and workers skip its texts not yet scored."""
+    await jobs.delete(job_id, owner=key)
+    return Response(status_code=204)
 
 
 @router.get("/{job_id}", response_model=Job, responses=_ERRORS)

@@ -6,11 +6,13 @@ every result it stores), so a long-poll answers the moment the last chunk lands,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -29,6 +31,17 @@ RECHECK_SECONDS = 1.0
 logger = logging.getLogger(__name__)
 
 
+def parse_time(iso: str) -> float:
+    """Unix time of an ISO 8601 date (Celery's `date_done`; naive ones are UTC)."""
+    moment = datetime.fromisoformat(iso)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def rfc3339(unix: float) -> str:
+    """`2026-01-31T12:00:00.123Z`."""
+    return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True)
 class JobView:
     """A job as the API reports it."""
@@ -42,6 +55,10 @@ class JobView:
     error: str | None
     flags: list[dict[str, Any]] | None = None
     cache_hits: int = 0
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    expires_at: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -87,6 +104,17 @@ class ReadService:
         return manifest
 
     def _view(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
+        view = self._state(job_id, manifest, metas)
+        created = manifest.get("created")
+        started = [t for m in metas if m for t in [m.started_at or (m.date_done if m.final else None)] if t]
+        finished = [m.date_done for m in metas if m and m.final and m.date_done]
+        return dataclasses.replace(
+            view, created_at=rfc3339(created) if created else None,
+            expires_at=rfc3339(created + self._settings.result_expires) if created else None,
+            started_at=rfc3339(min(map(parse_time, started))) if started else None,
+            finished_at=rfc3339(max(map(parse_time, finished))) if view.finished and finished else None)
+
+    def _state(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
         sizes: list[int] = manifest["chunks"]
         total = sum(sizes)
         statuses = [m.status if m else None for m in metas]
