@@ -16,6 +16,8 @@ JobStatus = Literal["queued", "running", "succeeded", "failed"]
 
 LongText = Literal["truncate", "windows"]
 
+Priority = Literal["interactive", "bulk"]
+
 
 class JobRequest(BaseModel):
     texts: list[str] = Field(min_length=1, description="Texts to score, scored independently, results in order.")
@@ -23,6 +25,10 @@ class JobRequest(BaseModel):
         "truncate", description="Texts longer than the model reads (512 tokens): `truncate` scores the start only "
         "(Detoxify's behaviour); `windows` scores overlapping 512-token windows and takes each label's max "
         "(costs one forward pass per window; see docs/client.md).")
+    priority: Priority = Field(
+        "interactive", description="`interactive` (default): workers take it before any bulk work; `bulk`: "
+        "backfills, scored when no interactive work waits (the Python client's `score` and `toxfleet score` "
+        "send this).")
     thresholds: float | dict[str, float] | None = Field(
         None, description="Flag thresholds for this job: one probability for every label, or {label: probability} "
         "overriding the configured ones; default: the configured thresholds (0.5 unless set).")

@@ -4,7 +4,7 @@ The API sends tasks *by name* and never imports worker code (which would pull in
 module is the whole interface between the tiers: the task name and queue, the shape of a task's
 arguments and result, and the defaults of the limits both sides enforce. Stdlib only.
 
-Task `toxfleet.score`
+Task `toxfleet.score` (queue `toxfleet` for interactive work, `toxfleet.bulk` for bulk work)
     args:   `[texts]`, a list of strings.
     kwargs: optional `long_text`: `"truncate"` (the default, exactly Detoxify's behaviour) or
             `"windows"` (see `LONG_TEXT_MODES`); no other keyword is accepted.
@@ -24,7 +24,24 @@ SCORE_TASK = "toxfleet.score"
 """Name of the scoring task; callers use `app.send_task(SCORE_TASK, args=[texts])`."""
 
 QUEUE = "toxfleet"
-"""Queue the scoring task is routed to (a dedicated one, so a shared Redis stays tidy)."""
+"""Queue of interactive scoring work (a dedicated one, so a shared Redis stays tidy); a task sent
+without a queue is routed here."""
+
+BULK_QUEUE = "toxfleet.bulk"
+"""Queue of bulk scoring work (backfills): workers take it only when no interactive work waits."""
+
+INTERACTIVE = "interactive"
+BULK = "bulk"
+PRIORITIES = (INTERACTIVE, BULK)
+"""Values of a job's `priority`: the lane its messages travel in."""
+
+QUEUES = (QUEUE, BULK_QUEUE)
+"""Every queue workers consume, most urgent first (the order they read them in)."""
+
+
+def queue_for(priority: str) -> str:
+    """The queue a job of this priority is sent to (`send_task(..., queue=queue_for(...))`)."""
+    return BULK_QUEUE if priority == BULK else QUEUE
 
 RUNNING_STATE = "STARTED"
 """Celery state a worker stores for every request of a batch as the batch starts."""

@@ -68,6 +68,8 @@ class BatchTask(Task):  # type: ignore[misc]
     typing = True
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     max_retries: int = 2
+    bulk_queues: frozenset[str] = frozenset()
+    """Queues of low-priority work: buffered behind every request from another queue."""
 
     def __init__(self) -> None:
         # Created once per task object, not per Strategy call: Celery rebuilds strategies when the
@@ -137,10 +139,20 @@ class BatchTask(Task):  # type: ignore[misc]
                 cost = max(1, int(self.cost(req.args, req.kwargs)))
             except Exception:  # malformed arguments: run_batch reports them per request
                 cost = 1
-            self._buffer.append((req, cost))
+            self._enqueue(req, cost)
             self._flush()
 
         return task_message_handler
+
+    def _is_bulk(self, req: Request) -> bool:
+        return (req.delivery_info or {}).get("routing_key") in self.bulk_queues
+
+    def _enqueue(self, req: Request, cost: int) -> None:
+        """Buffer a request: one from a bulk queue at the end, any other ahead of every bulk one
+        (so the next batch takes interactive work first, whatever bulk work was prefetched)."""
+        ahead = len(self._buffer) if self._is_bulk(req) else \
+            next((i for i, (r, _) in enumerate(self._buffer) if self._is_bulk(r)), len(self._buffer))
+        self._buffer.insert(ahead, (req, cost))
 
     def _concurrency(self) -> int:
         return int(getattr(self._pool, "num_processes", None) or getattr(self._pool, "limit", 1) or 1)

@@ -80,6 +80,8 @@ class ScoreTask(BatchTask):
         mode = (kwargs or {}).get("long_text", contract.TRUNCATE)
         return sum(contract.estimate_tokens(t, mode) for t in args[0])
 
+    bulk_queues = frozenset({contract.BULK_QUEUE})
+
     def describe(self, args: Any) -> str:
         return contract.args_summary(args)
 

@@ -63,7 +63,8 @@ async def submit_job(
     check_texts(body.texts, settings)
     thresholds = settings.base_thresholds.override(body.thresholds)
     job_id, created, status = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
-                                        long_text=body.long_text, thresholds=thresholds, owner=key)
+                                        long_text=body.long_text, thresholds=thresholds, owner=key,
+                                                priority=body.priority)
     url = f"/v1/jobs/{job_id}"
     response.headers["Location"] = url
     response.headers["Retry-After"] = str(settings.retry_after)

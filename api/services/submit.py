@@ -54,7 +54,8 @@ class SubmitService:
 
     async def submit(self, texts: list[str], idempotency_key: str | None = None,
                      fingerprint: str = "", long_text: str = contract.TRUNCATE,
-                     thresholds: Thresholds | None = None, owner: str | None = None) -> Submitted:
+                     thresholds: Thresholds | None = None, owner: str | None = None,
+                     priority: str = contract.INTERACTIVE) -> Submitted:
         """Enqueue a job; returns `(job_id, created, status)`. With an idempotency key seen before (and the
         same request `fingerprint`), returns the earlier job instead, `created` False. `owner` (the
         caller's key id, a hash, never the key) is stored with the job and scopes the idempotency key. A job whose
@@ -102,7 +103,8 @@ class SubmitService:
                         extra={"texts": len(texts), "messages": 0})
             return Submitted(job_id, True, "succeeded")
         try:
-            await run_in_threadpool(send_chunks, self._celery, job_id, chunks, kwargs, sent_at)
+            await run_in_threadpool(send_chunks, self._celery, job_id, chunks, kwargs, sent_at,
+                                    contract.queue_for(priority))
         except Exception as exc:  # kombu raises its own OperationalError family
             with contextlib.suppress(RedisError):
                 await self._forget(job_id, len(chunks), *([idem_key] if idem_key else []))

@@ -29,6 +29,10 @@ DEFAULT_JOB_SIZE = 256
 DEFAULT_JOB_CHARS = 1_000_000
 """Characters per job when `score` splits a large input (keeps bodies under the server's 4 MiB limit)."""
 
+BULK = "bulk"
+"""The priority `score`/`score_batches` (and so `toxfleet score`) send: backfills must not delay
+interactive traffic. `submit` sends none: the server's default, interactive."""
+
 DEFAULT_IN_FLIGHT = 8
 """Jobs `score` keeps submitted at once, so the fleet always has the next one queued."""
 
@@ -82,12 +86,14 @@ def parse_job(body: Mapping[str, Any]) -> answers.JobStatus:
 
 
 def submit_body(texts: Sequence[str], long_text: str | None,
-                 thresholds: float | Mapping[str, float] | None) -> dict[str, Any]:
+                thresholds: float | Mapping[str, float] | None, priority: str | None = None) -> dict[str, Any]:
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not one string")
     body: dict[str, Any] = {"texts": list(texts)}
     if long_text is not None:
         body["long_text"] = long_text
+    if priority is not None:
+        body["priority"] = priority
     if thresholds is not None:
         body["thresholds"] = thresholds if isinstance(thresholds, int | float) else dict(thresholds)
     return body
