@@ -13,7 +13,8 @@ import time
 from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.exceptions import RedisError
 
 from api.deps import RedisDep, SettingsDep
@@ -35,18 +36,23 @@ async def count_request(redis: aioredis.Redis, window: str) -> int:
     return int(count)
 
 
+bearer = HTTPBearer(auto_error=False, description="An API key from `TOXFLEET_API_KEYS` (when it is set).")
+"""Declares the bearer scheme in OpenAPI (the /docs Authorize button); the check itself is ours."""
+
+
 async def require_key(
     request: Request,
     settings: SettingsDep,
     redis: RedisDep,
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
 ) -> str | None:
-    """The caller's key id when keys are configured; 401 without a valid key, 429 over the limit."""
+    """The caller's key id (its owner name for jobs and idempotency keys) when keys are configured;
+    401 without a valid key, 429 over the limit."""
     keys = settings.api_key_list
     if not keys:
         return None
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+    token = credentials.credentials if credentials else ""
+    if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
         raise Unauthorized("missing or invalid API key: send 'Authorization: Bearer <key>'")
     ident = key_id(token)
     if settings.rate_limit:

@@ -6,10 +6,11 @@ it costs nothing on requests without a body.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import BODY_TOO_LARGE, PROBLEM_TYPE, problem_bytes
 
 
 class _TooLarge(BaseException):  # noqa: N818
@@ -22,9 +23,10 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
+        body = problem_bytes(*BODY_TOO_LARGE, f"request body larger than {self.max_bytes} bytes")
         await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                    "headers": [(b"content-type", PROBLEM_TYPE.encode()),
+                                (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

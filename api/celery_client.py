@@ -42,10 +42,11 @@ def make_celery(settings: ApiSettings) -> Celery:
 
 
 def send_chunks(celery: Celery, job_id: str, chunks: list[list[str]], kwargs: dict[str, str] | None,
-                sent_at: float) -> None:
+                sent_at: float, queue: str = contract.QUEUE) -> None:
     """Publish a job's task messages over one producer (blocking: run it in a thread)."""
     headers = {contract.SENT_AT_HEADER: sent_at}  # workers measure queue wait from it
     with celery.producer_or_acquire() as producer:
         for i, texts in enumerate(chunks):
             celery.send_task(contract.SCORE_TASK, args=[texts], kwargs=kwargs,
-                             task_id=contract.chunk_task_id(job_id, i), producer=producer, headers=headers)
+                             task_id=contract.chunk_task_id(job_id, i), producer=producer, headers=headers, queue=queue,
+                             argsrepr=contract.args_summary([texts]))

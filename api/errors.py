@@ -1,24 +1,57 @@
-"""The API's errors and their one mapping to HTTP.
+"""The API's errors and their one mapping to HTTP, as RFC 9457 problem details.
 
-    ApiError
-    ├── Unauthorized       401  API keys are on and none (or a wrong one) was sent
-    ├── JobNotFound        404  unknown (or expired) job id
-    ├── IdempotencyMismatch 422 an Idempotency-Key reused with a different body
-    ├── QueueFull          429  more waiting work than the backlog limit; retry later
-    ├── RateLimited        429  the caller's key is over `rate_limit` requests per second
-    ├── BrokerUnavailable  503  Redis did not answer in time; retry later
-    ├── ScoringFailed      502  a drop-in endpoint's job failed in the workers
-    └── ScoringTimeout     504  a drop-in endpoint's result did not arrive in `compat_timeout`
+Every error answers `application/problem+json`: `{"type", "title", "status", "detail"}`, where
+`type` is a stable relative URI per problem (`/problems/<name>`: clients branch on it, never on the
+wording of `detail`); a 422 also lists its field errors in `errors` (`loc`, `msg`, `type` each).
+
+    ApiError                          type (under /problems/)
+    ├── Unauthorized          401     unauthorized         API keys are on and none (or a wrong one) was sent
+    ├── JobNotFound           404     not-found            unknown, expired or deleted job, or another key's
+    ├── IdempotencyMismatch   422     idempotency-mismatch an Idempotency-Key reused with a different body
+    ├── QueueFull             429     queue-full           more waiting work than the backlog limit; retry later
+    ├── RateLimited           429     rate-limited         the caller's key is over `rate_limit` requests per second
+    ├── BrokerUnavailable     503     broker-unavailable   Redis did not answer in time; retry later
+    ├── ScoringFailed         502     scoring-failed       a drop-in endpoint's job failed in the workers
+    └── ScoringTimeout        504     scoring-timeout      a drop-in endpoint got no result in `compat_timeout`
+    request validation        422     validation           a field is missing, mistyped or over a limit
+    body over the limit       413     body-too-large       (api.bodylimit, before the body is read)
+    no such route / method    404/405 not-found / method-not-allowed
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from typing import Any
+
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_TYPE = "application/problem+json"
+PROBLEM_PREFIX = "/problems/"
+
+
+def problem(status: int, name: str, title: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """An RFC 9457 problem document."""
+    return {"type": PROBLEM_PREFIX + name, "title": title, "status": status, "detail": detail, **extra}
+
+
+def problem_bytes(status: int, name: str, title: str, detail: str) -> bytes:
+    return json.dumps(problem(status, name, title, detail)).encode()
+
+
+def problem_response(status: int, name: str, title: str, detail: str, headers: dict[str, str] | None = None,
+                     **extra: Any) -> JSONResponse:
+    return JSONResponse(problem(status, name, title, detail, **extra), status_code=status, headers=headers,
+                        media_type=PROBLEM_TYPE)
 
 
 class ApiError(Exception):
     status_code = 500
+    problem = "internal"
+    title = "Internal error"
     retry_after: int | None = None
 
     def __init__(self, detail: str) -> None:
@@ -27,47 +60,74 @@ class ApiError(Exception):
 
 
 class Unauthorized(ApiError):
-    status_code = 401
+    status_code, problem, title = 401, "unauthorized", "Missing or invalid API key"
 
 
 class JobNotFound(ApiError):
-    status_code = 404
+    status_code, problem, title = 404, "not-found", "No such job"
 
 
 class IdempotencyMismatch(ApiError):
-    status_code = 422
+    status_code, problem, title = 422, "idempotency-mismatch", "Idempotency-Key reused with a different request"
 
 
 class QueueFull(ApiError):
-    status_code = 429
+    status_code, problem, title = 429, "queue-full", "Queue full"
     retry_after = 5
 
 
 class RateLimited(ApiError):
-    status_code = 429
+    status_code, problem, title = 429, "rate-limited", "Rate limit exceeded"
     retry_after = 1
 
 
 class BrokerUnavailable(ApiError):
-    status_code = 503
+    status_code, problem, title = 503, "broker-unavailable", "Broker unavailable"
     retry_after = 2
 
 
 class ScoringFailed(ApiError):
-    status_code = 502
+    status_code, problem, title = 502, "scoring-failed", "Scoring failed"
 
 
 class ScoringTimeout(ApiError):
-    status_code = 504
+    status_code, problem, title = 504, "scoring-timeout", "Scoring timed out"
 
 
-async def _handle(_: Request, exc: Exception) -> JSONResponse:
+BODY_TOO_LARGE = (413, "body-too-large", "Request body too large")
+"""(status, problem, title) of a body over `max_body_bytes` (answered by api.bodylimit)."""
+
+_HTTP_PROBLEMS = {404: ("not-found", "Not found"), 405: ("method-not-allowed", "Method not allowed")}
+
+
+def field_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Each error's location, message and kind; never its `input` (a scored text, echoed back)."""
+    return [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in errors]
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+    return problem_response(exc.status_code, exc.problem, exc.title, exc.detail, headers)
+
+
+async def _validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = field_errors(exc.errors())
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+    return problem_response(422, "validation", "Request validation failed", detail, errors=errors)
+
+
+async def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    name, title = _HTTP_PROBLEMS.get(exc.status_code, ("http-error", "HTTP error"))
+    return problem_response(exc.status_code, name, title, str(exc.detail), dict(exc.headers or {}))
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _handle)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)

@@ -21,6 +21,7 @@ UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     settings = settings or get_settings()
     logs.configure(settings.log_format, json_loggers=UVICORN_LOGGERS)
+    logs.redact_access_log()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -16,6 +16,8 @@ JobStatus = Literal["queued", "running", "succeeded", "failed"]
 
 LongText = Literal["truncate", "windows"]
 
+Priority = Literal["interactive", "bulk"]
+
 
 class JobRequest(BaseModel):
     texts: list[str] = Field(min_length=1, description="Texts to score, scored independently, results in order.")
@@ -23,6 +25,10 @@ class JobRequest(BaseModel):
         "truncate", description="Texts longer than the model reads (512 tokens): `truncate` scores the start only "
         "(Detoxify's behaviour); `windows` scores overlapping 512-token windows and takes each label's max "
         "(costs one forward pass per window; see docs/client.md).")
+    priority: Priority = Field(
+        "interactive", description="`interactive` (default): workers take it before any bulk work; `bulk`: "
+        "backfills, scored when no interactive work waits (the Python client's `score` and `toxfleet score` "
+        "send this).")
     thresholds: float | dict[str, float] | None = Field(
         None, description="Flag thresholds for this job: one probability for every label, or {label: probability} "
         "overriding the configured ones; default: the configured thresholds (0.5 unless set).")
@@ -37,7 +43,7 @@ class JobRequest(BaseModel):
 
 class JobAccepted(BaseModel):
     id: str
-    status: JobStatus = "queued"
+    status: JobStatus = Field("queued", description="`succeeded` when the score cache answered every text at once.")
     url: str = Field(description="Where to GET the job (same as the Location header).")
 
 
@@ -62,6 +68,20 @@ class Job(BaseModel):
     flags: list[Flags] | None = Field(
         None, description="Parallel to `results`: per text, the thresholded decision; null until succeeded.")
     cache_hits: int = Field(0, description="Texts answered from the score cache so far, without the model.")
+    created_at: str | None = Field(None, description="When the job was submitted (RFC 3339, UTC).")
+    started_at: str | None = Field(None, description="When a worker started on it (RFC 3339, UTC); null until then.")
+    finished_at: str | None = Field(None, description="When its last result was stored; null until finished.")
+    expires_at: str | None = Field(None, description="When the job and its results are forgotten (404 after).")
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem (served as `application/problem+json`)."""
+
+    type: str = Field(description="Stable URI naming the problem, e.g. `/problems/queue-full`.")
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, object]] | None = Field(None, description="A 422's field errors (`loc`, `msg`, `type`).")
 
 
 class Health(BaseModel):

@@ -34,8 +34,8 @@ def batched(rows: Iterable[table.Row], size: int, chars: int) -> Iterator[list[t
 
 
 def describe(error: Exception) -> str:
-    if isinstance(error, InvalidRequest) and isinstance(error.detail, list):
-        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in error.detail)
+    if isinstance(error, InvalidRequest) and error.errors:
+        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in error.errors)
     return str(error)
 
 

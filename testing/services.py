@@ -40,11 +40,13 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
     return proc
 
 
-def start_api(tmp: Path, redis_url: str, name: str = "api", **env: str) -> tuple[Proc, str]:
+def start_api(tmp: Path, redis_url: str, name: str = "api", access_log: bool = False,
+              **env: str) -> tuple[Proc, str]:
     """A real uvicorn serving api.main:app; returns the process and its base URL."""
     port = free_port()
     proc = Proc(name, [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port", str(port),
-                       "--no-access-log"], base_env(redis_url, None, **env), tmp / f"{name}.log").start()
+                       *([] if access_log else ["--no-access-log"])], base_env(redis_url, None, **env),
+                tmp / f"{name}.log").start()
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, "uvicorn")
     return proc, url
@@ -69,6 +71,7 @@ class FleetSpec:
     worker_env: dict[str, str] = field(default_factory=dict)
     api_env: dict[str, str] = field(default_factory=dict)
     flower_auth: tuple[str, str] | None = None
+    access_log: bool = False
 
 
 @dataclass
@@ -101,7 +104,8 @@ def start_fleet(tmp: Path, server: RedisServer, checkpoint: tuple[Path, Path], s
     procs = [start_worker(tmp, redis_url, checkpoint, name=spec.name,
                           env={"TOXFLEET_METRICS_PORT": str(metrics_port), **spec.worker_env})]
     try:
-        api, url = start_api(tmp, redis_url, name=f"{spec.name}-api", **spec.api_env)
+        api, url = start_api(tmp, redis_url, name=f"{spec.name}-api", access_log=spec.access_log,
+                             **spec.api_env)
         procs.append(api)
         flower_url = None
         if spec.flower_auth is not None:

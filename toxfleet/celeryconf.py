@@ -26,6 +26,9 @@ def celery_config(*, visibility_timeout: int, result_expires: int, broker_url: s
         "unacked_restore_interval": 5,
         "unacked_restore_throttle": 1,
     }
+    # kombu's Redis transport reads several queues round-robin by default; "priority" always asks
+    # them in the worker's order (interactive first), so bulk work never delays interactive work.
+    broker_transport = {**transport, "queue_order_strategy": "priority"}
     return {
         "task_serializer": "json",
         "result_serializer": "json",
@@ -33,7 +36,7 @@ def celery_config(*, visibility_timeout: int, result_expires: int, broker_url: s
         "result_accept_content": ["json"],
         "task_default_queue": QUEUE,
         "task_routes": {"toxfleet.*": {"queue": QUEUE}},
-        "broker_transport_options": transport,
+        "broker_transport_options": broker_transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": visibility_timeout,
         "result_expires": result_expires,

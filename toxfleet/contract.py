@@ -4,7 +4,7 @@ The API sends tasks *by name* and never imports worker code (which would pull in
 module is the whole interface between the tiers: the task name and queue, the shape of a task's
 arguments and result, and the defaults of the limits both sides enforce. Stdlib only.
 
-Task `toxfleet.score`
+Task `toxfleet.score` (queue `toxfleet` for interactive work, `toxfleet.bulk` for bulk work)
     args:   `[texts]`, a list of strings.
     kwargs: optional `long_text`: `"truncate"` (the default, exactly Detoxify's behaviour) or
             `"windows"` (see `LONG_TEXT_MODES`); no other keyword is accepted.
@@ -24,7 +24,24 @@ SCORE_TASK = "toxfleet.score"
 """Name of the scoring task; callers use `app.send_task(SCORE_TASK, args=[texts])`."""
 
 QUEUE = "toxfleet"
-"""Queue the scoring task is routed to (a dedicated one, so a shared Redis stays tidy)."""
+"""Queue of interactive scoring work (a dedicated one, so a shared Redis stays tidy); a task sent
+without a queue is routed here."""
+
+BULK_QUEUE = "toxfleet.bulk"
+"""Queue of bulk scoring work (backfills): workers take it only when no interactive work waits."""
+
+INTERACTIVE = "interactive"
+BULK = "bulk"
+PRIORITIES = (INTERACTIVE, BULK)
+"""Values of a job's `priority`: the lane its messages travel in."""
+
+QUEUES = (QUEUE, BULK_QUEUE)
+"""Every queue workers consume, most urgent first (the order they read them in)."""
+
+
+def queue_for(priority: str) -> str:
+    """The queue a job of this priority is sent to (`send_task(..., queue=queue_for(...))`)."""
+    return BULK_QUEUE if priority == BULK else QUEUE
 
 RUNNING_STATE = "STARTED"
 """Celery state a worker stores for every request of a batch as the batch starts."""
@@ -67,6 +84,13 @@ inference), so that one dashboard compares their quantiles on the same edges."""
 LABELS = ("toxicity", "severe_toxicity", "obscene", "identity_attack", "insult", "threat", "sexual_explicit")
 """Every label a Detoxify model returns (`original` returns the first six, `unbiased` and
 `multilingual` all seven); thresholds may only name these."""
+
+
+def args_summary(args: object) -> str:
+    """What logs, Celery events and Flower show of a task's arguments: how many texts, never the texts
+    (pass it as `send_task(..., argsrepr=...)`; workers also put it in every event whatever was sent)."""
+    texts = args[0] if isinstance(args, list | tuple) and args else None
+    return f"{len(texts)} texts" if isinstance(texts, list | tuple) else "invalid arguments"
 
 
 def window_starts(length: int, size: int, overlap: int = WINDOW_OVERLAP_TOKENS) -> list[int]:

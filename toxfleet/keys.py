@@ -37,6 +37,14 @@ SWEEP_SUSPECTS_KEY = "toxfleet:sweep:suspects"
 JOB_KEY_PREFIX = "toxfleet:job:"
 """Redis key prefix of job manifests."""
 
+CANCELLED_KEY_PREFIX = "toxfleet:cancelled:"
+"""Redis key prefix marking a deleted job (value "1"): workers skip its requests not yet scored."""
+
+
+def cancelled_key(job_id: str) -> str:
+    return CANCELLED_KEY_PREFIX + job_id
+
+
 IDEMPOTENCY_KEY_PREFIX = "toxfleet:idem:"
 """Redis key prefix of Idempotency-Key records (the client's key is stored hashed)."""
 

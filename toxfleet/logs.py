@@ -74,6 +74,28 @@ def _add_job(entry: dict[str, Any]) -> None:
         entry["job_ids"] = sorted({job_of(t) for t in entry["task_ids"] if isinstance(t, str)})
 
 
+REDACTED_QUERY_PATHS = ("/toxicity",)
+"""Paths whose query string carries the scored text (`GET /toxicity?q=`): access lines drop it."""
+
+
+class RedactQuery(logging.Filter):
+    """Replaces the query string of `REDACTED_QUERY_PATHS` in uvicorn's access lines, so that no
+    scored text reaches a log (install it on the `uvicorn.access` logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) == 5 and isinstance(record.args[2], str):
+            path, sep, _ = record.args[2].partition("?")
+            if sep and path in REDACTED_QUERY_PATHS:
+                record.args = (*record.args[:2], f"{path}?[redacted]", *record.args[3:])
+        return True
+
+
+def redact_access_log(logger_name: str = "uvicorn.access") -> None:
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, RedactQuery) for f in logger.filters):
+        logger.addFilter(RedactQuery())
+
+
 def formatter(fmt: LogFormat) -> logging.Formatter:
     return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
 

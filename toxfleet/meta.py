@@ -4,7 +4,8 @@ Written by the workers (STARTED when a batch claims a request, then the final re
 (a job answered from the score cache is stored exactly as a worker would store it) and read by the
 API (job views, long-polls) and the sweeper. Celery reads `status`, `result`, `traceback`,
 `children`, `date_done` and `task_id`; toxfleet adds `model` (who scored it), `batch` and
-`cache_hits` (texts answered from the score cache), which Celery ignores. The worker's claim script
+`cache_hits` (texts answered from the score cache) and `started_at` (ISO 8601 UTC, when the batch
+that scored it started; on STARTED and final metas), which Celery ignores. The worker's claim script
 (`worker.results`) also tests `status` against `FINAL_STATES` in Lua.
 """
 
@@ -35,6 +36,8 @@ class Meta:
     result: Any = None
     model: str | None = None
     cache_hits: int = 0
+    started_at: str | None = None
+    date_done: str | None = None
 
     @property
     def final(self) -> bool:
@@ -54,7 +57,8 @@ def parse(raw: bytes | str | None) -> Meta | None:
     if raw is None:
         return None
     data: dict[str, Any] = json.loads(raw)
-    return Meta(data.get("status"), data.get("result"), data.get("model") or None, int(data.get("cache_hits") or 0))
+    return Meta(data.get("status"), data.get("result"), data.get("model") or None, int(data.get("cache_hits") or 0),
+                data.get("started_at") or None, data.get("date_done") or None)
 
 
 def status_of(raw: bytes | str | None) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from toxfleet.contract import QUEUE
+from toxfleet.contract import QUEUES
 from toxfleet.keys import HEARTBEAT_STALE_SECONDS, UNACKED_KEY, WORKERS_KEY, Heartbeat, worker_info_key
 
 
@@ -19,7 +19,7 @@ class Backlog:
     """Task messages not yet finished, and the workers that share them."""
 
     queued: int
-    """Messages waiting in the queue."""
+    """Messages waiting in the queues (both lanes)."""
     unacked: int
     """Messages delivered to a worker and not yet acknowledged (late acks: buffered or being scored)."""
     workers: int
@@ -36,7 +36,8 @@ class Backlog:
 
 
 def _stage(pipe: Any, now: float) -> None:
-    pipe.llen(QUEUE)
+    for queue in QUEUES:
+        pipe.llen(queue)
     pipe.hlen(UNACKED_KEY)
     pipe.zcount(WORKERS_KEY, now - HEARTBEAT_STALE_SECONDS, "+inf")
 
@@ -44,16 +45,16 @@ def _stage(pipe: Any, now: float) -> None:
 def read_backlog(client: redis.Redis, now: float | None = None) -> Backlog:
     with client.pipeline(transaction=False) as pipe:
         _stage(pipe, time.time() if now is None else now)
-        queued, unacked, workers = pipe.execute()
-    return Backlog(int(queued), int(unacked), int(workers))
+        *queued, unacked, workers = pipe.execute()
+    return Backlog(sum(map(int, queued)), int(unacked), int(workers))
 
 
 async def aread_backlog(client: aioredis.Redis, now: float | None = None) -> Backlog:
     """`read_backlog` on an asyncio client."""
     async with client.pipeline(transaction=False) as pipe:
         _stage(pipe, time.time() if now is None else now)
-        queued, unacked, workers = await pipe.execute()
-    return Backlog(int(queued), int(unacked), int(workers))
+        *queued, unacked, workers = await pipe.execute()
+    return Backlog(sum(map(int, queued)), int(unacked), int(workers))
 
 
 async def alive_workers(client: aioredis.Redis, now: float | None = None) -> list[Heartbeat]:

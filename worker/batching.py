@@ -72,6 +72,8 @@ class BatchTask(Task):  # type: ignore[misc]
     typing = True
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     max_retries: int = 2
+    bulk_queues: frozenset[str] = frozenset()
+    """Queues of low-priority work: buffered behind every request from another queue."""
 
     def __init__(self) -> None:
         # Created once per task object, not per Strategy call: Celery rebuilds strategies when the
@@ -99,7 +101,11 @@ class BatchTask(Task):  # type: ignore[misc]
         stamp = time()
         self.on_publish_again(task_id, stamp)
         self.apply_async(args=args, kwargs=kwargs, task_id=task_id, retries=retries,
-                         headers={SENT_AT_HEADER: stamp})
+                         headers={SENT_AT_HEADER: stamp}, argsrepr=self.describe(args))
+
+    def describe(self, args: Any) -> str:
+        """What events, `inspect` and Flower show as the request's arguments (instead of them)."""
+        return "(hidden)"
 
     def on_publish_again(self, task_id: str, stamp: float) -> None:
         """Called just before `publish_again` sends a message stamped `stamp` (main process)."""
@@ -126,6 +132,9 @@ class BatchTask(Task):  # type: ignore[misc]
                       decoded=decoded, utc=utc)
             if (req.expires or req.id in revoked_tasks) and req.revoked():
                 return
+            # Whatever the publisher put in `argsrepr` (by default the texts themselves), events,
+            # `inspect` and Flower see a description only.
+            req._argsrepr = self.describe(req.args)
             signals.task_received.send(sender=consumer, request=req)
             req.time_received = time()  # sent with the request's one event (see _event_fields)
             task_reserved(req)
@@ -133,10 +142,20 @@ class BatchTask(Task):  # type: ignore[misc]
                 cost = max(1, int(self.cost(req.args, req.kwargs)))
             except Exception:  # malformed arguments: run_batch reports them per request
                 cost = 1
-            self._buffer.append((req, cost))
+            self._enqueue(req, cost)
             self._flush()
 
         return task_message_handler
+
+    def _is_bulk(self, req: Request) -> bool:
+        return (req.delivery_info or {}).get("routing_key") in self.bulk_queues
+
+    def _enqueue(self, req: Request, cost: int) -> None:
+        """Buffer a request: one from a bulk queue at the end, any other ahead of every bulk one
+        (so the next batch takes interactive work first, whatever bulk work was prefetched)."""
+        ahead = len(self._buffer) if self._is_bulk(req) else \
+            next((i for i, (r, _) in enumerate(self._buffer) if self._is_bulk(r)), len(self._buffer))
+        self._buffer.insert(ahead, (req, cost))
 
     def _concurrency(self) -> int:
         return int(getattr(self._pool, "num_processes", None) or getattr(self._pool, "limit", 1) or 1)

@@ -63,9 +63,10 @@ class WorkerMetrics:
                                      "(tokens / padded_tokens is the padding efficiency).", registry=reg)
         self.passes = Counter("toxfleet_forward_passes", "Model forward passes.", registry=reg)
         self.tasks = Counter("toxfleet_tasks", "Task messages finished, by outcome: succeeded, failed, skipped "
-                             "(a redelivered message whose result was already stored), or deferred (a "
+                             "(a redelivered message whose result was already stored), deferred (a "
                              "redelivery while another batch holds the request's lease: left for Redis to "
-                             "redeliver).", ["outcome"], registry=reg)
+                             "redeliver), or cancelled (its job was deleted before it was scored).",
+                             ["outcome"], registry=reg)
         self.failures = Counter("toxfleet_task_failures", "Task messages failed, by reason: invalid (bad input), "
                                 "scoring (the model raised), worker_lost (its process died on every attempt).",
                                 ["reason"], registry=reg)

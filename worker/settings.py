@@ -52,9 +52,11 @@ class WorkerSettings(BaseSettings):
     batch_tokens: int = Field(8192, ge=512, le=1_000_000,
                               description="Most estimated tokens a worker process takes from its buffer at once "
                                           "(large batches sort into passes with little padding).")
-    prefetch_multiplier: int = Field(64, ge=1, le=10_000,
-                                     description="Celery prefetch per process (messages); must cover a full batch "
-                                                 "per process, or batches never fill.")
+    prefetch_multiplier: int = Field(16, ge=1, le=10_000,
+                                     description="Celery prefetch per process (messages): about one full batch of "
+                                                 "512-token messages per process. Higher fills batches of short "
+                                                 "texts better, but a busy worker then holds backlog that a worker "
+                                                 "started to scale out should take.")
     visibility_timeout: int = Field(120, ge=5, le=86_400,
                                     description="Seconds before Redis redelivers a message whose worker died; "
                                                 "must exceed the longest a message waits in a worker's buffer.")

@@ -12,9 +12,10 @@ is nowhere:
 
 - no result, no lease and no STARTED state (no batch took it);
 - not in the unacked hash (no worker holds it);
-- not in the queue: the queue is first in, first out, so a message published before the one the
-  queue hands out next has already been popped (a queue whose next message carries no publish time,
-  such as a redelivered one, proves nothing and the sweep waits).
+- not in a queue: each queue (both lanes) is first in, first out, so a message published before the
+  oldest of the ones they hand out next has already been popped (a queue whose next message carries
+  no publish time, such as a redelivered one, proves nothing and the sweep waits). A lost message is
+  re-published in the interactive lane whatever its lane was: rare, and never slower.
 
 A task that looks lost on two sweeps at least `confirm` seconds apart (a live worker's pop and its
 unacked copy are milliseconds apart) is published again under the same task id; if the first copy
@@ -65,9 +66,14 @@ class SweepReport:
 
 
 def _queue_head_sent_at(client: redis.Redis) -> float | None:
-    """Publish time of the message the queue hands out next: +inf when the queue is empty, None when
-    that message carries no publish time."""
-    raw = client.lindex(contract.QUEUE, -1)
+    """Publish time of the oldest message at the head of any queue (each is FIFO, so nothing older
+    waits in any): +inf when they are empty, None when a head carries no publish time."""
+    heads = [_head_sent_at(client, queue) for queue in contract.QUEUES]
+    return None if None in heads else min(h for h in heads if h is not None)
+
+
+def _head_sent_at(client: redis.Redis, queue: str) -> float | None:
+    raw = client.lindex(queue, -1)
     if raw is None:
         return float("inf")
     try:

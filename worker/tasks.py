@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from redis.exceptions import RedisError
 
-from toxfleet import contract, pending
+from toxfleet import contract, keys, pending
 from toxfleet.cache import ScoreCache, Scores, namespace
 from worker import metrics, state
 from worker.batching import BatchTask
@@ -79,6 +80,11 @@ class ScoreTask(BatchTask):
         mode = (kwargs or {}).get("long_text", contract.TRUNCATE)
         return sum(contract.estimate_tokens(t, mode) for t in args[0])
 
+    bulk_queues = frozenset({contract.BULK_QUEUE})
+
+    def describe(self, args: Any) -> str:
+        return contract.args_summary(args)
+
     def on_batch_lost(self, batch_id: str, task_ids: list[str]) -> None:
         ResultStore(self.backend).release(task_ids, batch_id)
 
@@ -97,16 +103,22 @@ class ScoreTask(BatchTask):
         scorer = state.scorer()
         store = ResultStore(self.backend)
         extra: dict[str, Any] = {"model": scorer.backend.identity,
-                                 "batch": {"id": batch_id, "requests": len(requests), "pid": os.getpid()}}
-
+                                 "batch": {"id": batch_id, "requests": len(requests), "pid": os.getpid()},
+                                 "started_at": datetime.now(UTC).isoformat()}
         outcomes: dict[str, dict[str, Any]] = {}
+        # A deleted job's requests not yet scored are acked unscored.
+        for rid in self._cancelled(requests):
+            outcomes[rid] = {"state": "SKIPPED", "summary": "job deleted"}
+        metrics.count_tasks("cancelled", len(outcomes))
+        requests_left = [r for r in requests if r["id"] not in outcomes]
+
         texts: dict[str, list[str]] = {}
         modes: dict[str, str] = {}
         failed: list[Outcome] = []
         # A redelivered request is never scored twice: not after its result is stored ("final"),
         # nor while another batch scores it ("busy"; the lease lasts as long as a delivery may).
-        claims = store.claim([r["id"] for r in requests], batch_id, settings.visibility_timeout, extra)
-        for req, claim in zip(requests, claims, strict=True):
+        claims = store.claim([r["id"] for r in requests_left], batch_id, settings.visibility_timeout, extra)
+        for req, claim in zip(requests_left, claims, strict=True):
             if claim == "final":
                 outcomes[req["id"]] = {"state": "SKIPPED", "summary": "duplicate delivery (result already stored)"}
                 continue
@@ -138,7 +150,7 @@ class ScoreTask(BatchTask):
 
             store.store(done + failed, extra)
         deferred = sum(1 for o in outcomes.values() if o["state"] == "DEFERRED")
-        metrics.count_tasks("skipped", len(requests) - len(texts) - len(failed) - deferred)
+        metrics.count_tasks("skipped", len(requests_left) - len(texts) - len(failed) - deferred)
         metrics.count_tasks("deferred", deferred)
         metrics.count_tasks("succeeded", sum(1 for o in done if o.error is None))
         metrics.count_failures("invalid", len(failed))
@@ -149,6 +161,17 @@ class ScoreTask(BatchTask):
         for summary in outcomes.values():
             summary["runtime"] = runtime
         return [outcomes[r["id"]] for r in requests]
+
+    def _cancelled(self, requests: list[dict[str, Any]]) -> set[str]:
+        """Ids of the requests whose job was deleted (`DELETE /v1/jobs/{id}`); none if Redis is away
+        (then they are scored: a wasted pass, never a lost one)."""
+        jobs = sorted({contract.job_of(r["id"]) for r in requests})
+        try:
+            marks = self.backend.client.mget([keys.cancelled_key(j) for j in jobs])
+        except RedisError:
+            return set()
+        gone = {j for j, m in zip(jobs, marks, strict=True) if m is not None}
+        return {r["id"] for r in requests if contract.job_of(r["id"]) in gone}
 
     def _cached(self, backend: Any, texts: dict[str, list[str]], modes: dict[str, str],
                 batch_id: str) -> dict[str, list[Scores | None]]:

@@ -22,9 +22,9 @@ router = APIRouter(tags=["compatibility"])
 
 
 async def _score(texts: list[str], submit: SubmitService, read: ReadService,
-                 settings: ApiSettings) -> list[dict[str, float]]:
-    job_id, _ = await submit.submit(texts)
-    view = await read.get(job_id, wait=settings.compat_timeout)
+                 settings: ApiSettings, key: str | None) -> list[dict[str, float]]:
+    job_id = (await submit.submit(texts, owner=key)).job_id
+    view = await read.get(job_id, wait=settings.compat_timeout, owner=key)
     if view.status == "failed":
         raise ScoringFailed(view.error or "scoring failed")
     if view.results is None:
@@ -35,16 +35,16 @@ async def _score(texts: list[str], submit: SubmitService, read: ReadService,
 
 @router.get("/toxicity")
 async def toxicity(q: Annotated[str, Query(description="The text to score.")], submit: SubmitDep, read: ReadDep,
-                   settings: SettingsDep, _key: KeyDep) -> dict[str, float]:
+                   settings: SettingsDep, key: KeyDep) -> dict[str, float]:
     """Score one text; returns {label: probability}."""
     check_texts([q], settings, loc=("query", "q"))
-    return (await _score([q], submit, read, settings))[0]
+    return (await _score([q], submit, read, settings, key))[0]
 
 
 @router.post("/toxicity/batch")
 async def toxicity_batch(texts: Annotated[list[str], Body(min_length=1, description="Texts to score.")],
                          submit: SubmitDep, read: ReadDep, settings: SettingsDep,
-                         _key: KeyDep) -> list[dict[str, float]]:
+                         key: KeyDep) -> list[dict[str, float]]:
     """Score a JSON list of texts; returns one {label: probability} per text, in order."""
     check_texts(texts, settings, loc=("body",))
-    return await _score(texts, submit, read, settings)
+    return await _score(texts, submit, read, settings, key)

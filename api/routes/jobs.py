@@ -9,17 +9,21 @@ from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyDep
 from api.deps import ReadDep, SettingsDep, SubmitDep
-from api.schemas import JOB_ID_PATTERN, Flags, Job, JobAccepted, JobRequest, Progress
+from api.schemas import JOB_ID_PATTERN, Flags, Job, JobAccepted, JobRequest, Problem, Progress
 from api.services.read import JobView
 from api.settings import ApiSettings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
+_PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "API keys are on: send `Authorization: Bearer <key>`"},
-    404: {"description": "Unknown or expired job"},
-    429: {"description": "Queue full; see Retry-After"},
-    503: {"description": "Broker unavailable; see Retry-After"},
+    code: {"description": text, "model": Problem, "content": _PROBLEM} for code, text in {
+        401: "`/problems/unauthorized`: API keys are on: send `Authorization: Bearer <key>`",
+        404: "`/problems/not-found`: unknown, expired or deleted job",
+        413: "`/problems/body-too-large`",
+        429: "`/problems/queue-full` or `/problems/rate-limited`; see Retry-After",
+        503: "`/problems/broker-unavailable`; see Retry-After",
+    }.items()
 }
 
 
@@ -38,7 +42,9 @@ def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = 
 def to_job(view: JobView) -> Job:
     flags = [Flags(**f) for f in view.flags] if view.flags is not None else None
     return Job(id=view.id, status=view.status, results=view.results, model=view.model, error=view.error,  # type: ignore[arg-type]
-               progress=Progress(done=view.done, total=view.total), flags=flags, cache_hits=view.cache_hits)
+               progress=Progress(done=view.done, total=view.total), flags=flags, cache_hits=view.cache_hits,
+               created_at=view.created_at, started_at=view.started_at, finished_at=view.finished_at,
+               expires_at=view.expires_at)
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=_ERRORS)
@@ -47,7 +53,7 @@ async def submit_job(
     response: Response,
     jobs: SubmitDep,
     settings: SettingsDep,
-    _key: KeyDep,
+    key: KeyDep,
     idempotency_key: Annotated[str | None, Header(
         min_length=1, max_length=255,
         description="Retrying with the same key returns the same job (remembered for `idempotency_ttl`); "
@@ -56,14 +62,26 @@ async def submit_job(
     """Enqueue texts for scoring; poll the Location it returns."""
     check_texts(body.texts, settings)
     thresholds = settings.base_thresholds.override(body.thresholds)
-    job_id, created = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
-                                        long_text=body.long_text, thresholds=thresholds)
+    job_id, created, status = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
+                                        long_text=body.long_text, thresholds=thresholds, owner=key,
+                                                priority=body.priority)
     url = f"/v1/jobs/{job_id}"
     response.headers["Location"] = url
     response.headers["Retry-After"] = str(settings.retry_after)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
-    return JobAccepted(id=job_id, url=url)
+    return JobAccepted(id=job_id, url=url, status=status)  # type: ignore[arg-type]
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response, responses=_ERRORS)
+async def delete_job(
+    job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The id `POST /v1/jobs` returned.")],
+    jobs: SubmitDep,
+    key: KeyDep,
+) -> Response:
+    """Forget the job: a later GET is 404, and workers skip its texts not yet scored."""
+    await jobs.delete(job_id, owner=key)
+    return Response(status_code=204)
 
 
 @router.get("/{job_id}", response_model=Job, responses=_ERRORS)
@@ -72,14 +90,14 @@ async def get_job(
     response: Response,
     jobs: ReadDep,
     settings: SettingsDep,
-    _key: KeyDep,
+    key: KeyDep,
     wait: Annotated[float, Query(ge=0, description="Seconds to wait for the job to finish (long-poll).")] = 0,
 ) -> Job:
     """The job's status, and its results once succeeded."""
     if wait > settings.max_wait:
         raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "wait"), "input": wait,
                                        "msg": f"wait must be at most {settings.max_wait} seconds"}])
-    view = await jobs.get(job_id, wait=wait)
+    view = await jobs.get(job_id, wait=wait, owner=key)
     if not view.finished:
         response.headers["Retry-After"] = str(settings.retry_after)
     return to_job(view)

@@ -73,8 +73,11 @@ class FleetService:
         self._sent_since_read += messages
 
     async def queue_depth(self) -> int:
-        depth: int = await self._redis.llen(contract.QUEUE)
-        return depth
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue in contract.QUEUES:
+                pipe.llen(queue)
+            depths = await pipe.execute()
+        return sum(int(d) for d in depths)
 
     async def cache_entries(self) -> int | None:
         """Entries in the score cache now (None when the cache is off here)."""

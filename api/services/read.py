@@ -6,11 +6,13 @@ every result it stores), so a long-poll answers the moment the last chunk lands,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -30,6 +32,17 @@ RECHECK_SECONDS = 1.0
 logger = logging.getLogger(__name__)
 
 
+def parse_time(iso: str) -> float:
+    """Unix time of an ISO 8601 date (Celery's `date_done`; naive ones are UTC)."""
+    moment = datetime.fromisoformat(iso)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def rfc3339(unix: float) -> str:
+    """`2026-01-31T12:00:00.123Z`."""
+    return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @dataclass(frozen=True)
 class JobView:
     """A job as the API reports it."""
@@ -43,6 +56,10 @@ class JobView:
     error: str | None
     flags: list[dict[str, Any]] | None = None
     cache_hits: int = 0
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    expires_at: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -60,11 +77,12 @@ class ReadService:
         self._result_key = result_key
         self._waiter = waiter
 
-    async def get(self, job_id: str, wait: float = 0.0) -> JobView:
-        """The job now, or once finished if that happens within `wait` seconds."""
+    async def get(self, job_id: str, wait: float = 0.0, owner: str | None = None) -> JobView:
+        """The job now, or once finished if that happens within `wait` seconds; with `owner` (the
+        caller's key id), JobNotFound unless that key created the job."""
         logs.bind_job(job_id)
         try:
-            manifest = await self._manifest(job_id)
+            manifest = await self._manifest(job_id, owner)
             result_keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(manifest["chunks"]))]
             if wait <= 0:
                 view = self._view(job_id, manifest, await self._metas(result_keys))
@@ -78,16 +96,30 @@ class ReadService:
             logger.info("job %s %s: texts=%d", job_id, view.status, view.total, extra=fields)
         return view
 
-    async def _manifest(self, job_id: str) -> dict[str, Any]:
-        if (written := self._manifests.get(job_id)) is not None:
-            return written  # this process wrote it a moment ago (a long-poll right after its submit)
-        raw = await self._redis.get(keys.job_key(job_id))
-        if raw is None:
-            raise JobNotFound(f"no job {job_id} (unknown, or expired after {self._settings.result_expires}s)")
-        manifest: dict[str, Any] = json.loads(raw)
+    async def _manifest(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
+        # A manifest this process wrote a moment ago (a long-poll right after its submit) needs no GET.
+        manifest: dict[str, Any] | None = self._manifests.get(job_id)
+        if manifest is None:
+            raw = await self._redis.get(keys.job_key(job_id))
+            manifest = json.loads(raw) if raw is not None else None
+        # Another key's job is answered exactly like a missing one: its existence is not disclosed.
+        if manifest is None or (owner is not None and manifest.get("owner") != owner):
+            raise JobNotFound(f"no job {job_id} (unknown, deleted, or expired after "
+                              f"{self._settings.result_expires}s)")
         return manifest
 
     def _view(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
+        view = self._state(job_id, manifest, metas)
+        created = manifest.get("created")
+        started = [t for m in metas if m for t in [m.started_at or (m.date_done if m.final else None)] if t]
+        finished = [m.date_done for m in metas if m and m.final and m.date_done]
+        return dataclasses.replace(
+            view, created_at=rfc3339(created) if created else None,
+            expires_at=rfc3339(created + self._settings.result_expires) if created else None,
+            started_at=rfc3339(min(map(parse_time, started))) if started else None,
+            finished_at=rfc3339(max(map(parse_time, finished))) if view.finished and finished else None)
+
+    def _state(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
         sizes: list[int] = manifest["chunks"]
         total = sum(sizes)
         statuses = [m.status if m else None for m in metas]

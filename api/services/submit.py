@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import metrics
 from api.celery_client import send_chunks
-from api.errors import BrokerUnavailable, IdempotencyMismatch, QueueFull
+from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, QueueFull
 from api.services.fleet import FleetService
 from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
@@ -33,6 +33,12 @@ from toxfleet.cache import AsyncScoreCache, Scores, namespace
 from toxfleet.thresholds import Thresholds
 
 logger = logging.getLogger(__name__)
+
+
+class Submitted(NamedTuple):
+    job_id: str
+    created: bool
+    status: str = "queued"  # "succeeded" when the score cache answered every text
 
 
 class SubmitService:
@@ -50,9 +56,11 @@ class SubmitService:
 
     async def submit(self, texts: list[str], idempotency_key: str | None = None,
                      fingerprint: str = "", long_text: str = contract.TRUNCATE,
-                     thresholds: Thresholds | None = None) -> tuple[str, bool]:
-        """Enqueue a job; returns `(job_id, created)`. With an idempotency key seen before (and the
-        same request `fingerprint`), returns the earlier job instead, `created` False. A job whose
+                     thresholds: Thresholds | None = None, owner: str | None = None,
+                     priority: str = contract.INTERACTIVE) -> Submitted:
+        """Enqueue a job; returns `(job_id, created, status)`. With an idempotency key seen before (and the
+        same request `fingerprint`), returns the earlier job instead, `created` False. `owner` (the
+        caller's key id, a hash, never the key) is stored with the job and scopes the idempotency key. A job whose
         texts are all in the score cache is stored as succeeded at once, and no worker sees it."""
         job_id = uuid.uuid4().hex
         chunks = contract.chunk(texts, long_text=long_text)
@@ -60,13 +68,18 @@ class SubmitService:
         kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None
         sent_at = time.time()  # the messages' publish time, also recorded with them as pending
         manifest_doc = {"chunks": [len(c) for c in chunks], "created": sent_at, "long_text": long_text,
-                        "thresholds": (thresholds or self._settings.base_thresholds).to_json()}
+                        "thresholds": (thresholds or self._settings.base_thresholds).to_json(),
+                        **({"owner": owner} if owner else {})}
         manifest = json.dumps(manifest_doc)
-        idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(idempotency_key.encode()).hexdigest() \
-            if idempotency_key else None
+        # Scoped per API key: another key's identical Idempotency-Key is another job.
+        # Without keys it is the bare key, as before scoping (records written then stay valid).
+        idem_key = None
+        if idempotency_key:
+            scoped = f"{owner}\n{idempotency_key}" if owner else idempotency_key
+            idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(scoped.encode()).hexdigest()
         try:
             if idem_key and (earlier := await self._redis.get(idem_key)) is not None:
-                return self._replay(earlier, fingerprint), False
+                return Submitted(self._replay(earlier, fingerprint), False)
             cached = await self._all_cached(texts, long_text)
             if cached is None:
                 await self._check_backlog()
@@ -86,7 +99,7 @@ class SubmitService:
                 # The manifest exists before the key does, so whoever reads the key finds the job.
                 if not await self._redis.set(idem_key, record, nx=True, ex=self._settings.idempotency_ttl):
                     await self._forget(job_id, len(chunks))  # a concurrent twin won; ours was never sent
-                    return self._replay(await self._redis.get(idem_key), fingerprint), False
+                    return Submitted(self._replay(await self._redis.get(idem_key), fingerprint), False)
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
         if cached is not None:
@@ -94,9 +107,10 @@ class SubmitService:
             metrics.count_answered_from_cache(len(texts))
             logger.info("job %s answered from the score cache: texts=%d", job_id, len(texts),
                         extra={"texts": len(texts), "messages": 0})
-            return job_id, True
+            return Submitted(job_id, True, "succeeded")
         try:
-            await run_in_threadpool(send_chunks, self._celery, job_id, chunks, kwargs, sent_at)
+            await run_in_threadpool(send_chunks, self._celery, job_id, chunks, kwargs, sent_at,
+                                    contract.queue_for(priority))
         except Exception as exc:  # kombu raises its own OperationalError family
             with contextlib.suppress(RedisError):
                 await self._forget(job_id, len(chunks), *([idem_key] if idem_key else []))
@@ -105,7 +119,28 @@ class SubmitService:
         metrics.count_submitted(len(texts), len(chunks))
         logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
                     extra={"texts": len(texts), "messages": len(chunks)})
-        return job_id, True
+        return Submitted(job_id, True)
+
+    async def delete(self, job_id: str, owner: str | None = None) -> None:
+        """Forget a job (its manifest, results and pending records) and mark it deleted, so that
+        workers skip its requests not yet scored; JobNotFound if absent or another key's."""
+        try:
+            raw = await self._redis.get(keys.job_key(job_id))
+            manifest = json.loads(raw) if raw is not None else None
+            if manifest is None or (owner is not None and manifest.get("owner") != owner):
+                raise JobNotFound(f"no job {job_id} (unknown, deleted, or expired)")
+            task_ids = [contract.chunk_task_id(job_id, i) for i in range(len(manifest["chunks"]))]
+            async with self._redis.pipeline(transaction=True) as pipe:
+                # The mark outlives any message of the job (they cannot wait longer than its results).
+                pipe.set(keys.cancelled_key(job_id), "1", ex=self._settings.result_expires)
+                pipe.delete(keys.job_key(job_id), *[self._result_key(t) for t in task_ids])
+                pending.forget(pipe, task_ids)
+                await pipe.execute()
+        except RedisError as exc:
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        self._manifests.forget(job_id)  # else a read in this process could still find it for a while
+        logs.bind_job(job_id)
+        logger.info("job %s deleted", job_id)
 
     async def _forget(self, job_id: str, chunks: int, *other_keys: str) -> None:
         """Undo a submit whose messages were never sent: its manifest, its pending record (else the

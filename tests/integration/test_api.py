@@ -53,8 +53,12 @@ def test_new_job_reads_as_queued(client: TestClient) -> None:
     job_id = client.post("/v1/jobs", json={"texts": ["a", "b", "c"]}).json()["id"]
     r = client.get(f"/v1/jobs/{job_id}")
     assert r.status_code == 200
-    assert r.json() == {"id": job_id, "status": "queued", "results": None, "model": None, "error": None,
-                        "progress": {"done": 0, "total": 3}, "flags": None, "cache_hits": 0}
+    body = r.json()
+    created, expires = body.pop("created_at"), body.pop("expires_at")
+    assert created.endswith("Z") and expires > created
+    assert body == {"id": job_id, "status": "queued", "results": None, "model": None, "error": None,
+                    "progress": {"done": 0, "total": 3}, "flags": None, "cache_hits": 0,
+                    "started_at": None, "finished_at": None}
     assert "retry-after" in r.headers
 
 

@@ -133,8 +133,13 @@ def test_fully_cached_job_succeeds_without_a_worker(fleet: Fleet, tiny_detoxify:
             import httpx
 
             body = httpx.get(f"{fleet.url}/v1/jobs/{job.id}").json()
-            assert set(body) == {"id", "status", "results", "model", "error", "progress", "flags", "cache_hits"}
+            assert set(body) == {"id", "status", "results", "model", "error", "progress", "flags", "cache_hits",
+                                 "created_at", "started_at", "finished_at", "expires_at"}
             assert body["progress"] == {"done": 20, "total": 20}
+            assert body["created_at"] <= body["started_at"] <= body["finished_at"] < body["expires_at"]
+            # Answered from the cache at once: the 202 already says so.
+            accepted = httpx.post(f"{fleet.url}/v1/jobs", json={"texts": texts}, timeout=5)
+            assert accepted.status_code == 202 and accepted.json()["status"] == "succeeded"
             partly = c.submit([*texts[:5], "never seen before, not cached"])
             assert partly.status().status == "queued"
         finally:
@@ -145,7 +150,7 @@ def test_fully_cached_job_succeeds_without_a_worker(fleet: Fleet, tiny_detoxify:
     stats = score_cache.ScoreCache(fleet.redis.client()).stats()
     assert stats["hits"] >= 25 and stats["entries"] >= 21
     # The same hits in the metrics: the API's for the job it answered alone, the worker's for the rest.
-    assert metric(api_metrics, "toxfleet_cache_answered_texts_total") - answered_before == 20
+    assert metric(api_metrics, "toxfleet_cache_answered_texts_total") - answered_before == 40  # two cached jobs
     assert metric(api_metrics, "toxfleet_cache_entries") >= 21
     wait_for(lambda: metric(fleet.worker_metrics, "toxfleet_cache_hits_total") - hits_before == 5, 10,
              "worker cache-hit counter")

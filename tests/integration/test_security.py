@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
+from api.auth import key_id
 from api.main import create_app
 from api.settings import ApiSettings
 from testing import RedisServer
@@ -120,3 +122,35 @@ def test_body_over_limit_is_413(client: TestClient) -> None:
 
     streamed = client.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert streamed.status_code == 413
+
+
+def test_a_job_is_visible_only_to_the_key_that_created_it(keyed: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Another key gets 404 (as for a missing job); the manifest stores a hash of the key, never the key."""
+    mine, theirs = {"Authorization": f"Bearer {KEY}"}, {"Authorization": f"Bearer {OTHER}"}
+    job_id = keyed.post("/v1/jobs", json={"texts": ["a"]}, headers=mine).json()["id"]
+    assert keyed.get(f"/v1/jobs/{job_id}", headers=mine).status_code == 200
+    other = keyed.get(f"/v1/jobs/{job_id}", headers=theirs)
+    assert other.status_code == 404 and other.json()["type"] == "/problems/not-found"
+    manifest = redis_server.client().get(keys.job_key(job_id)).decode()
+    assert KEY not in manifest and json.loads(manifest)["owner"] == key_id(KEY)
+
+
+def test_idempotency_keys_are_scoped_per_api_key(keyed: TestClient) -> None:
+    """The same Idempotency-Key under two API keys makes two jobs, each replayed to its own key only."""
+    mine, theirs = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "same"}, \
+        {"Authorization": f"Bearer {OTHER}", "Idempotency-Key": "same"}
+    first = keyed.post("/v1/jobs", json={"texts": ["a"]}, headers=mine).json()["id"]
+    second = keyed.post("/v1/jobs", json={"texts": ["a"]}, headers=theirs).json()["id"]
+    assert first != second
+    replay = keyed.post("/v1/jobs", json={"texts": ["a"]}, headers=mine)
+    assert replay.json()["id"] == first and replay.headers["idempotent-replayed"] == "true"
+
+
+def test_openapi_declares_bearer_auth_on_protected_routes(keyed: TestClient) -> None:
+    spec = keyed.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["HTTPBearer"] == {
+        "type": "http", "scheme": "bearer", "description": "An API key from `TOXFLEET_API_KEYS` (when it is set)."}
+    for path, method in (("/v1/jobs", "post"), ("/v1/jobs/{job_id}", "get"), ("/toxicity", "get"),
+                         ("/toxicity/batch", "post")):
+        assert spec["paths"][path][method]["security"] == [{"HTTPBearer": []}], path
+    assert "security" not in spec["paths"]["/healthz"]["get"]

@@ -14,6 +14,7 @@ class _Request:
     args: list[Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
     request_dict: dict[str, Any] = field(default_factory=dict)
+    delivery_info: dict[str, Any] = field(default_factory=dict)
 
 
 class _Pool:
@@ -93,3 +94,15 @@ def test_a_process_freed_beside_a_long_batch_takes_only_its_share() -> None:
     task._flush()
     assert [len(c) for c in pool.calls] == [20]
     assert len(task._buffer) == 10
+
+
+def test_interactive_requests_go_ahead_of_buffered_bulk_ones() -> None:
+    """Bulk requests queue in arrival order; an interactive one goes before all of them, after
+    interactive ones that came earlier."""
+    task, pool = _task(1, batch_tokens=100)
+    task.bulk_queues = frozenset({"bulk"})
+    for name, queue in [("b0", "bulk"), ("b1", "bulk"), ("i0", "interactive"), ("b2", "bulk"), ("i1", None)]:
+        task._enqueue(_Request(name, [["x"]], delivery_info={"routing_key": queue}), 100)  # type: ignore[arg-type]
+    assert [r.id for r, _ in task._buffer] == ["i0", "i1", "b0", "b1", "b2"]
+    task._flush()
+    assert pool.calls == [["i0"]]

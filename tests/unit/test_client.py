@@ -5,6 +5,7 @@ the client against the real API is tested in test_bulk.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -134,3 +135,21 @@ def test_async_client_retries_and_waits() -> None:
 
     assert asyncio.run(go())[0]["toxicity"] == 0.9
     assert calls == ["POST", "POST", "GET"]
+
+
+def test_score_sends_bulk_and_submit_the_server_default() -> None:
+    """`score()` (so `toxfleet score`) is a backfill: it sends priority bulk; `submit()` sends none
+    (the server's default, interactive) unless asked."""
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            bodies.append(json.loads(request.content))
+            return httpx.Response(202, json={"id": JOB, "status": "queued", "url": f"/v1/jobs/{JOB}"})
+        return httpx.Response(200, json=DONE)
+
+    with client(handler) as c:
+        c.score(["x"])
+        c.submit(["x"])
+        c.submit(["x"], priority="interactive")
+    assert [b.get("priority") for b in bodies] == ["bulk", None, "interactive"]

@@ -105,9 +105,10 @@ class AsyncClient:
             attempt += 1
 
     async def submit(self, texts: Sequence[str], *, long_text: str | None = None,
-                     thresholds: float | Mapping[str, float] | None = None) -> AsyncJob:
+                     thresholds: float | Mapping[str, float] | None = None,
+                     priority: str | None = None) -> AsyncJob:
         """Enqueue texts for scoring; see `Client.submit`."""
-        submission = protocol.Submission(protocol.submit_body(texts, long_text, thresholds), uuid.uuid4().hex)
+        submission = protocol.Submission(protocol.submit_body(texts, long_text, thresholds, priority), uuid.uuid4().hex)
         return AsyncJob(self, await self._send(submission), submission)
 
     async def _send(self, submission: protocol.Submission) -> str:
@@ -130,11 +131,11 @@ class AsyncClient:
         return protocol.parse_job((await self._request("GET", url, **options)).json())
 
     async def _one(self, texts: list[str], long_text: str | None, thresholds: float | Mapping[str, float] | None,
-                   timeout: float | None) -> BatchOutcome:
+                   timeout: float | None, priority: str) -> BatchOutcome:
         if not texts:
             return BatchOutcome(texts, [])
         try:
-            job = await self.submit(texts, long_text=long_text, thresholds=thresholds)
+            job = await self.submit(texts, long_text=long_text, thresholds=thresholds, priority=priority)
             return BatchOutcome(texts, (await job.wait(timeout)).results)
         except (InvalidRequest, JobFailed) as exc:
             return BatchOutcome(texts, None, exc)
@@ -142,14 +143,15 @@ class AsyncClient:
     async def score_batches(self, batches: Iterable[Sequence[str]], *, long_text: str | None = None,
                             thresholds: float | Mapping[str, float] | None = None,
                             in_flight: int = protocol.DEFAULT_IN_FLIGHT,
-                            timeout: float | None = None) -> AsyncIterator[BatchOutcome]:
+                            timeout: float | None = None, priority: str = protocol.BULK) -> AsyncIterator[BatchOutcome]:
         """Score batches with up to `in_flight` jobs running concurrently; yields outcomes in order."""
         window: deque[asyncio.Task[BatchOutcome]] = deque()
         pending = iter(batches)
         try:
             while True:
                 while len(window) < max(1, in_flight) and (batch := next(pending, None)) is not None:
-                    window.append(asyncio.ensure_future(self._one(list(batch), long_text, thresholds, timeout)))
+                    one = self._one(list(batch), long_text, thresholds, timeout, priority)
+                    window.append(asyncio.ensure_future(one))
                 if not window:
                     return
                 yield await window.popleft()
@@ -159,12 +161,13 @@ class AsyncClient:
 
     async def score(self, texts: Sequence[str], *, long_text: str | None = None,
                     thresholds: float | Mapping[str, float] | None = None, job_size: int = protocol.DEFAULT_JOB_SIZE,
-                    in_flight: int = protocol.DEFAULT_IN_FLIGHT, timeout: float | None = None) -> list[Result]:
+                    in_flight: int = protocol.DEFAULT_IN_FLIGHT, timeout: float | None = None,
+                    priority: str = protocol.BULK) -> list[Result]:
         """Score any number of texts; see `Client.score`."""
         out: list[Result] = []
         batches = protocol.split(texts, job_size)
         async for outcome in self.score_batches(batches, long_text=long_text, thresholds=thresholds,
-                                                in_flight=in_flight, timeout=timeout):
+                                                in_flight=in_flight, timeout=timeout, priority=priority):
             if outcome.error is not None:
                 raise outcome.error
             out += outcome.results or []

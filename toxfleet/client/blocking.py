@@ -113,10 +113,10 @@ class Client:
             attempt += 1
 
     def submit(self, texts: Sequence[str], *, long_text: str | None = None,
-               thresholds: float | Mapping[str, float] | None = None) -> Job:
+               thresholds: float | Mapping[str, float] | None = None, priority: str | None = None) -> Job:
         """Enqueue texts for scoring (at most the server's `max_texts`); returns at once.
         `long_text`: "truncate" (default) or "windows"; `thresholds`: one probability, or {label: p}."""
-        submission = protocol.Submission(protocol.submit_body(texts, long_text, thresholds), uuid.uuid4().hex)
+        submission = protocol.Submission(protocol.submit_body(texts, long_text, thresholds, priority), uuid.uuid4().hex)
         return Job(self, self._send(submission), submission)
 
     def _send(self, submission: protocol.Submission) -> str:
@@ -142,10 +142,11 @@ class Client:
     def score_batches(self, batches: Iterable[Sequence[str]], *, long_text: str | None = None,
                       thresholds: float | Mapping[str, float] | None = None,
                       in_flight: int = protocol.DEFAULT_IN_FLIGHT,
-                      timeout: float | None = None) -> Iterator[BatchOutcome]:
+                      timeout: float | None = None, priority: str = protocol.BULK) -> Iterator[BatchOutcome]:
         """Score batches (one job each) with up to `in_flight` jobs submitted at once; yields one
         outcome per batch, in order, as soon as it and all before it are done. A batch whose job fails
-        or is refused yields its error; the others go on."""
+        or is refused yields its error; the others go on. Sent as `bulk` work unless `priority` says
+        "interactive"."""
         window: deque[tuple[list[str], Job | ToxfleetError | None]] = deque()
         pending = iter(batches)
         exhausted = False
@@ -157,7 +158,8 @@ class Client:
                     break
                 texts = list(batch)
                 try:
-                    submitted = self.submit(texts, long_text=long_text, thresholds=thresholds) if texts else None
+                    submitted = self.submit(texts, long_text=long_text, thresholds=thresholds,
+                                            priority=priority) if texts else None
                     window.append((texts, submitted))
                 except InvalidRequest as exc:
                     window.append((texts, exc))
@@ -176,13 +178,15 @@ class Client:
 
     def score(self, texts: Sequence[str], *, long_text: str | None = None,
               thresholds: float | Mapping[str, float] | None = None, job_size: int = protocol.DEFAULT_JOB_SIZE,
-              in_flight: int = protocol.DEFAULT_IN_FLIGHT, timeout: float | None = None) -> list[Result]:
-        """Score any number of texts: split into jobs, several in flight, results in input order.
+              in_flight: int = protocol.DEFAULT_IN_FLIGHT, timeout: float | None = None,
+              priority: str = protocol.BULK) -> list[Result]:
+        """Score any number of texts: split into jobs, several in flight, results in input order,
+        as `bulk` work unless `priority` says "interactive".
         Raises the first failure (JobFailed, InvalidRequest, ...)."""
         out: list[Result] = []
         batches = protocol.split(texts, job_size)
         for outcome in self.score_batches(batches, long_text=long_text, thresholds=thresholds,
-                                          in_flight=in_flight, timeout=timeout):
+                                          in_flight=in_flight, timeout=timeout, priority=priority):
             if outcome.error is not None:
                 raise outcome.error
             out += outcome.results or []

@@ -31,6 +31,10 @@ DEFAULT_JOB_SIZE = 256
 DEFAULT_JOB_CHARS = 1_000_000
 """Characters per job when `score` splits a large input (keeps bodies under the server's 4 MiB limit)."""
 
+BULK = "bulk"
+"""The priority `score`/`score_batches` (and so `toxfleet score`) send: backfills must not delay
+interactive traffic. `submit` sends none: the server's default, interactive."""
+
 DEFAULT_IN_FLIGHT = 8
 """Jobs `score` keeps submitted at once, so the fleet always has the next one queued."""
 
@@ -54,13 +58,19 @@ def retry_after(response: httpx.Response) -> float | None:
 
 
 def error_of(response: httpx.Response) -> answers.APIError:
+    """The exception for an error answer: an RFC 9457 problem (`type`, `detail`, a 422's `errors`),
+    or whatever body a proxy in front sent."""
     try:
-        detail = response.json().get("detail", response.text)
+        body = response.json()
     except ValueError:
-        detail = response.text
+        body = None
+    if not isinstance(body, dict):
+        body = {}
     kind = {401: answers.Unauthorized, 404: answers.JobNotFound, 400: answers.InvalidRequest,
             413: answers.InvalidRequest, 422: answers.InvalidRequest}.get(response.status_code, answers.APIError)
-    return kind(response.status_code, detail, retry_after(response))
+    errors = body.get("errors")
+    return kind(response.status_code, body.get("detail", response.text), retry_after(response),
+                problem_type=body.get("type"), errors=errors if isinstance(errors, list) else None)
 
 
 def backoff_delay(attempt: int, response: httpx.Response | None) -> float:
@@ -84,12 +94,14 @@ def parse_job(body: Mapping[str, Any]) -> answers.JobStatus:
 
 
 def submit_body(texts: Sequence[str], long_text: str | None,
-                 thresholds: float | Mapping[str, float] | None) -> dict[str, Any]:
+                thresholds: float | Mapping[str, float] | None, priority: str | None = None) -> dict[str, Any]:
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not one string")
     body: dict[str, Any] = {"texts": list(texts)}
     if long_text is not None:
         body["long_text"] = long_text
+    if priority is not None:
+        body["priority"] = priority
     if thresholds is not None:
         body["thresholds"] = thresholds if isinstance(thresholds, int | float) else dict(thresholds)
     return body

@@ -42,13 +42,17 @@ class ToxfleetError(Exception):
 
 
 class APIError(ToxfleetError):
-    """The server answered with an error status."""
+    """The server answered with an error status: `problem_type` is the RFC 9457 `type` (e.g.
+    `/problems/queue-full`), `detail` the human explanation, `errors` a 422's field errors."""
 
-    def __init__(self, status_code: int, detail: Any, retry_after: float | None = None) -> None:
+    def __init__(self, status_code: int, detail: Any, retry_after: float | None = None,
+                 problem_type: str | None = None, errors: list[Any] | None = None) -> None:
         super().__init__(f"HTTP {status_code}: {detail}")
         self.status_code = status_code
         self.detail = detail
         self.retry_after = retry_after
+        self.problem_type = problem_type
+        self.errors = errors
 
 
 class Unauthorized(APIError):
