@@ -21,28 +21,37 @@ from toxfleet.keys import lease_key
 
 logger = logging.getLogger(__name__)
 
+# Shared by the scripts below: whether a result key holds a final meta ("final" is
+# `toxfleet.meta.FINAL_STATES`, spelt out in Lua), and a write with the results' expiry (0: none).
+_LUA_HELPERS = """
+local function is_final(key)
+  local value = redis.call('GET', key)
+  if not value then
+    return false
+  end
+  local ok, meta = pcall(cjson.decode, value)
+  return ok and (meta['status'] == 'SUCCESS' or meta['status'] == 'FAILURE')
+end
+local function store(key, seconds, value)
+  if tonumber(seconds) > 0 then
+    redis.call('SETEX', key, seconds, value)
+  else
+    redis.call('SET', key, value)
+  end
+end
+"""
+
 # Atomically, per request: already final -> "final"; else take its lease (NX) and store STARTED ->
 # "claimed"; else another batch is scoring it right now -> "busy". KEYS: n result keys, then n lease
-# keys. ARGV: batch id, lease seconds, result seconds (0: no expiry), then n STARTED metas. "Final" is
-# `toxfleet.meta.FINAL_STATES`, spelt out in Lua.
-_CLAIM = """
+# keys. ARGV: batch id, lease seconds, result seconds (0: no expiry), then n STARTED metas.
+_CLAIM = _LUA_HELPERS + """
 local n = #KEYS / 2
 local out = {}
 for i = 1, n do
-  local value = redis.call('GET', KEYS[i])
-  local final = false
-  if value then
-    local ok, meta = pcall(cjson.decode, value)
-    final = ok and (meta['status'] == 'SUCCESS' or meta['status'] == 'FAILURE')
-  end
-  if final then
+  if is_final(KEYS[i]) then
     out[i] = 'final'
   elseif redis.call('SET', KEYS[n + i], ARGV[1], 'NX', 'EX', ARGV[2]) then
-    if tonumber(ARGV[3]) > 0 then
-      redis.call('SETEX', KEYS[i], ARGV[3], ARGV[3 + i])
-    else
-      redis.call('SET', KEYS[i], ARGV[3 + i])
-    end
+    store(KEYS[i], ARGV[3], ARGV[3 + i])
     out[i] = 'claimed'
   else
     out[i] = 'busy'
@@ -77,21 +86,11 @@ return renewed
 # Store final results, first one wins: a request whose result is already final keeps it and nothing is
 # published, so a waiter or observer sees exactly one final result per request. KEYS result keys; ARGV
 # result seconds (0: no expiry), then the n metas. Returns how many were written.
-_FINAL = """
+_FINAL = _LUA_HELPERS + """
 local written = 0
 for i = 1, #KEYS do
-  local value = redis.call('GET', KEYS[i])
-  local final = false
-  if value then
-    local ok, meta = pcall(cjson.decode, value)
-    final = ok and (meta['status'] == 'SUCCESS' or meta['status'] == 'FAILURE')
-  end
-  if not final then
-    if tonumber(ARGV[1]) > 0 then
-      redis.call('SETEX', KEYS[i], ARGV[1], ARGV[1 + i])
-    else
-      redis.call('SET', KEYS[i], ARGV[1 + i])
-    end
+  if not is_final(KEYS[i]) then
+    store(KEYS[i], ARGV[1], ARGV[1 + i])
     redis.call('PUBLISH', KEYS[i], ARGV[1 + i])
     written = written + 1
   end
