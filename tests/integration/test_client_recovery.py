@@ -38,6 +38,12 @@ def bare_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+ONE_AT_A_TIME: dict[str, Any] = {"concurrency": 1, "env": {"TOXFLEET_PREFETCH_MULTIPLIER": "1"}}
+"""A worker that holds one message at a time, so that of the 4 jobs in flight, the ones waiting are in
+Redis alone and go with it. A worker that prefetched them all (2 x 16) would score them after the wipe
+and write their results to the new, empty Redis: nothing would be lost, and nothing shown."""
+
+
 def finished_jobs(url: str) -> int:
     client = redis.Redis.from_url(url)
     done = 0
@@ -51,7 +57,7 @@ def test_client_recovers_every_job_when_redis_is_lost(bare_redis: RedisServer, t
                                                       tiny_detoxify: Any, tmp_path: Path,
                                                       caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="toxfleet.client")
-    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="keeps-running")
+    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="keeps-running", **ONE_AT_A_TIME)
     api, url = start_api(tmp_path, bare_redis.url)
     procs: list[Proc] = [worker, api]
     pids = [p.proc.pid for p in procs if p.proc is not None]
@@ -103,7 +109,7 @@ def test_cli_recovers_every_row_when_redis_is_lost(bare_redis: RedisServer, tiny
                                                    tiny_detoxify: Any, tmp_path: Path) -> None:
     """`toxfleet score` over a file, Redis killed -9 mid-run and restarted empty: it exits 0 and every
     row is in the output once, in order, with Detoxify's scores (it waits through the same client)."""
-    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="cli-keeps-running")
+    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="cli-keeps-running", **ONE_AT_A_TIME)
     api, url = start_api(tmp_path, bare_redis.url, name="cli-api")
     texts = CommentCorpus(22).texts(400)
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
