@@ -12,6 +12,7 @@ import json
 import statistics
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import redis
 
 from testing.processes import ROOT, wait_for
 from toxfleet import contract
+from toxfleet.client.protocol import Submission
 from toxfleet.corpus import CommentCorpus
 
 
@@ -54,28 +56,37 @@ class ResultObserver(threading.Thread):
 
 @dataclass
 class Load:
-    """A set of jobs submitted over HTTP, and what became of them."""
+    """A set of jobs submitted over HTTP, each under its own Idempotency-Key, and what became of them."""
 
     api: str
     texts: dict[str, list[str]] = field(default_factory=dict)
     bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    submissions: dict[str, Submission] = field(default_factory=dict)
+    resubmitted: int = 0
+    """Jobs that answered 404 (gone with the broker) and were submitted again, as the official client does."""
+
+    def _post(self, submission: Submission) -> str:
+        for _ in range(50):
+            r = httpx.post(self.api + "/v1/jobs", json=submission.body, headers=submission.headers(), timeout=10)
+            if r.status_code == 202:
+                return str(r.json()["id"])
+            time.sleep(0.2)  # 503 while Redis restarts: the client retries, as documented
+        raise AssertionError(f"could not submit: {r.status_code} {r.text}")
 
     def submit(self, jobs: list[list[str]], threads: int = 8) -> None:
         """Submit every job (`threads` at a time: with 1, in order)."""
-        def post(texts: list[str]) -> tuple[str, list[str]]:
-            for _ in range(50):
-                r = httpx.post(self.api + "/v1/jobs", json={"texts": texts}, timeout=10)
-                if r.status_code == 202:
-                    return r.json()["id"], texts
-                time.sleep(0.2)  # 503 while Redis restarts: the client retries, as documented
-            raise AssertionError(f"could not submit: {r.status_code} {r.text}")
+        def post(texts: list[str]) -> tuple[str, Submission]:
+            submission = Submission({"texts": texts}, uuid.uuid4().hex)
+            return self._post(submission), submission
 
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            for job_id, texts in pool.map(post, jobs):
-                self.texts[job_id] = texts
+            for job_id, submission in pool.map(post, jobs):
+                self.texts[job_id] = submission.body["texts"]
+                self.submissions[job_id] = submission
 
-    def settle(self, deadline_s: float) -> None:
-        """Poll every job until it is final or the deadline passes."""
+    def settle(self, deadline_s: float, resubmit: bool = False) -> None:
+        """Poll every job until it is final or the deadline passes. A job that answers 404 is lost,
+        unless `resubmit`: then it is submitted again under its Idempotency-Key and polled in turn."""
         deadline = time.monotonic() + deadline_s
         pending = set(self.texts)
         while pending and time.monotonic() < deadline:
@@ -88,9 +99,21 @@ class Load:
                 if r.status_code == 200 and r.json()["status"] in ("succeeded", "failed"):
                     self.bodies[job_id] = r.json()
                     pending.discard(job_id)
+                elif r.status_code == 404 and resubmit:
+                    pending.discard(job_id)
+                    pending.add(self._again(job_id))
                 elif r.status_code == 404:
                     self.bodies[job_id] = {"status": "lost"}
                     pending.discard(job_id)
+
+    def _again(self, lost_id: str) -> str:
+        submission = self.submissions.pop(lost_id)
+        while not submission.answered(lost_id, new_id := self._post(submission), "answered 404"):
+            pass
+        self.texts[new_id] = self.texts.pop(lost_id)
+        self.submissions[new_id] = submission
+        self.resubmitted += 1
+        return new_id
 
 
 def summarize(name: str, load: Load, observer: ResultObserver, recovery_s: float) -> dict[str, int]:
@@ -99,7 +122,7 @@ def summarize(name: str, load: Load, observer: ResultObserver, recovery_s: float
     failed_without_reason = sum(1 for b in load.bodies.values() if b["status"] == "failed" and not b.get("error"))
     summary = {"submitted": len(load.texts), "succeeded": statuses["succeeded"], "failed": statuses["failed"],
                "lost": len(load.texts) - statuses["succeeded"] - statuses["failed"] + failed_without_reason,
-               "duplicated": sum(1 for t in chunk_ids if observer.finals[t] > 1)}
+               "duplicated": sum(1 for t in chunk_ids if observer.finals[t] > 1), "resubmitted": load.resubmitted}
     record(name, summary, recovery_s)
     return summary
 
@@ -119,20 +142,21 @@ def record(name: str, summary: dict[str, int], recovery_s: float) -> None:
 
 
 def report(path: Path) -> dict[str, dict[str, Any]]:
-    """Per case: runs, lost and duplicated (summed over runs), recovery median and max; printed as a
+    """Per case: runs, lost, duplicated and resubmitted (summed over runs), recovery median and max; printed as a
     table and written to `path` as JSON."""
     table: dict[str, dict[str, Any]] = {}
     for name, runs in RUNS.items():
         times = [r["recovery_s"] for r in runs]
         table[name] = {"runs": len(runs), "lost": sum(int(r.get("lost", 0)) for r in runs),
                        "duplicated": sum(int(r.get("duplicated", 0)) for r in runs),
+                       "resubmitted": sum(int(r.get("resubmitted", 0)) for r in runs),
                        "recovery_s_median": round(statistics.median(times), 2), "recovery_s_max": max(times),
                        "recovery_s": times}
     if table:
         print("\n\nFAULT SUMMARY (lost and duplicated summed over runs; recovery in seconds)")
-        print(f"{'case':<28} {'runs':>4} {'lost':>5} {'dup':>5} {'median':>8} {'max':>8}")
+        print(f"{'case':<28} {'runs':>4} {'lost':>5} {'dup':>5} {'resub':>5} {'median':>8} {'max':>8}")
         for name, row in table.items():
-            print(f"{name:<28} {row['runs']:>4} {row['lost']:>5} {row['duplicated']:>5} "
+            print(f"{name:<28} {row['runs']:>4} {row['lost']:>5} {row['duplicated']:>5} {row['resubmitted']:>5} "
                   f"{row['recovery_s_median']:>8.1f} {row['recovery_s_max']:>8.1f}")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -244,8 +244,10 @@ def test_sigterm_mid_batch_hands_work_back(attempt: int, env: dict[str, Any], re
 def test_redis_restart_during_load(attempt: int, how: str, env: dict[str, Any], reference: Any) -> None:
     """Redis restarts in the middle of a load, gracefully or killed -9, with the shipped persistence
     (AOF, appendfsync everysec): workers reconnect and keep consuming; jobs sent before, during and
-    after the restart all complete. A killed Redis has written every acknowledged command to the AOF
-    file (the OS holds it; only a host crash loses up to the last second), so nothing is lost."""
+    after the restart all complete. A graceful restart loses nothing. A killed one may lose the last
+    acknowledged writes: with everysec, Redis and Valkey postpone writing to the AOF (up to 2 s) while a
+    background fsync is still running, yet reply meanwhile (Valkey 9.1 here lost 3 of 50 jobs once).
+    Those jobs answer 404, and are submitted again as the official client does: none is lost."""
     worker(env, "survivor")
     load = Load(env["api"])
     load.submit(jobs(30, 4))
@@ -257,12 +259,13 @@ def test_redis_restart_during_load(attempt: int, how: str, env: dict[str, Any], 
     else:
         env["redis"].restart()
     load.submit(jobs(10, 5))  # during/just after the restart (the client retries 503s)
-    load.settle(150)
+    load.settle(150, resubmit=how == "kill-9")
     after = Load(env["api"])  # a consumer that silently stopped after the reconnect would fail here
     after.submit(jobs(10, 6))
     after.settle(60)
     load.texts.update(after.texts)
     load.bodies.update(after.bodies)
+    load.resubmitted += after.resubmitted
     s = summarize(f"redis-{how}", load, env["observer"], time.monotonic() - t0)
     assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 50
     check_scores(load, reference)
