@@ -32,6 +32,28 @@ def redis_server() -> Iterator[RedisServer]:
         server.stop()
 
 
+def _own_redis(workdir: Path, appendonly: bool) -> Iterator[RedisServer]:
+    server = RedisServer(free_port(), workdir, appendonly=appendonly)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of the test's own with AOF, as the shipped deployment runs it: a restart loses nothing,
+    and a fault test may kill it without disturbing the session's."""
+    yield from _own_redis(tmp_path, appendonly=True)
+
+
+@pytest.fixture
+def bare_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of the test's own with no persistence: a kill loses everything in it."""
+    yield from _own_redis(tmp_path, appendonly=False)
+
+
 @pytest.fixture
 def clean_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
     """The session's Redis with database 0 empty when the test starts, and emptied again after it."""

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +20,12 @@ import httpx
 import pytest
 import redis
 
-from testing import Proc, RedisServer, base_env, free_port, start_api, start_worker, wait_for
+from testing import Proc, RedisServer, base_env, start_api, start_worker, wait_for
 from testing.faults import record
 from toxfleet.client import Client, Result
 from toxfleet.corpus import CommentCorpus
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture
-def bare_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private Redis with no persistence: a kill loses everything in it."""
-    server = RedisServer(free_port(), tmp_path, appendonly=False)
-    server.start()
-    yield server
-    server.stop()
 
 
 ONE_AT_A_TIME: dict[str, Any] = {"concurrency": 1, "env": {"TOXFLEET_PREFETCH_MULTIPLIER": "1"}}

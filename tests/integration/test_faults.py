@@ -30,7 +30,6 @@ from testing import (
     Proc,
     RedisServer,
     child_pids,
-    free_port,
     start_api,
     start_worker,
     synthetic_checkpoint,
@@ -84,15 +83,6 @@ def reference(full_checkpoint: tuple[Path, Path]) -> Any:
 
     torch.set_num_threads(1)
     return Detoxify(checkpoint=str(full_checkpoint[0]), huggingface_config_path=str(full_checkpoint[1]))
-
-
-@pytest.fixture
-def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private Redis with AOF persistence, like the shipped deployment, so a restart loses nothing."""
-    server = RedisServer(free_port(), tmp_path, appendonly=True)
-    server.start()
-    yield server
-    server.stop()
 
 
 def check_scores(load: Load, reference: Any) -> None:
