@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,7 @@ RUNS: dict[str, list[dict[str, float]]] = defaultdict(list)
 """Every recorded run of this process, per case."""
 
 
-def record(name: str, summary: dict[str, int], recovery_s: float) -> None:
+def record(name: str, summary: Mapping[str, float], recovery_s: float) -> None:
     """One run of a case: printed, appended to var/faults-summary.txt, kept for `report`."""
     line = " ".join(f"{k}={v}" for k, v in summary.items())
     print(f"\nFAULT {name}: {line} recovery_s={recovery_s:.1f}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -128,5 +129,55 @@ def test_cli_recovers_every_row_when_redis_is_lost(bare_redis: RedisServer, tiny
     finally:
         if cli.poll() is None:
             cli.kill()
+        api.stop()
+        worker.stop()
+
+
+def test_client_rides_through_an_api_kill(bare_redis: RedisServer, tiny_checkpoint: tuple[Path, Path],
+                                          tiny_detoxify: Any, tmp_path: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The API killed -9 in the middle of a bulk `Client.score()` and started again on its port (as ECS
+    replaces a task behind the same target group): the API holds no state, the client retries through
+    the connection errors, and every text comes back once, in order, with Detoxify's scores."""
+    caplog.set_level(logging.WARNING, logger="toxfleet.client")
+    worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="serves-on", **ONE_AT_A_TIME)
+    api, url = start_api(tmp_path, bare_redis.url, name="killed-api")
+    texts = CommentCorpus(23).texts(400)
+    out: dict[str, Any] = {}
+
+    def score() -> None:
+        try:
+            with Client(url, stall_after=60) as c:
+                out["results"] = c.score(texts, job_size=10, in_flight=4)
+        except BaseException as exc:  # reported by the assertion below, not lost in the thread
+            out["error"] = exc
+
+    try:
+        thread = threading.Thread(target=score)
+        thread.start()
+        wait_for(lambda: finished_jobs(bare_redis.url) >= 3, 60, "the first jobs to finish", interval=0.02)
+        assert thread.is_alive(), "the load finished before the fault: nothing was shown"
+        api.signal(signal.SIGKILL)
+        api.stop()  # reaps it
+        t0 = time.monotonic()
+        api.start()
+        wait_for(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, "the API to come back")
+        down_s = time.monotonic() - t0
+        thread.join(300)
+        assert not thread.is_alive(), "Client.score did not return"
+        assert "error" not in out, out.get("error")
+        results: list[Result] = out["results"]
+        resubmitted = sum("submitted again" in r.getMessage() for r in caplog.records)
+        record("api-kill-9", {"submitted": len(texts), "succeeded": len(results), "lost": len(texts) - len(results),
+                              "duplicated": 0, "resubmitted_jobs": resubmitted, "api_down_s": round(down_s, 1)},
+               time.monotonic() - t0)
+        assert len(results) == len(texts)
+        for start in range(0, len(texts), 40):  # in order, and Detoxify's own scores
+            expected = tiny_detoxify.predict(texts[start: start + 40])
+            for i, r in enumerate(results[start: start + 40]):
+                for label, value in r.scores.items():
+                    assert value == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        assert worker.alive()
+    finally:
         api.stop()
         worker.stop()
