@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import contract
+from toxfleet import redis_url as urls
 from toxfleet.keys import DEFAULT_REDIS_URL
 from toxfleet.thresholds import DEFAULT_THRESHOLD, Thresholds, check_labels
 
@@ -73,13 +74,12 @@ class ApiSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        urls.check(self.redis_url, "REDIS_URL")
         if any(len(k) < 16 for k in self.api_key_list):
             raise ValueError("TOXFLEET_API_KEYS: every key must have at least 16 characters")
         check_labels(self.thresholds, "TOXFLEET_THRESHOLDS")
-        if self.cache_url is not None and not self.cache_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("TOXFLEET_CACHE_URL must be a redis://, rediss:// or unix:// URL")
+        if self.cache_url is not None:
+            urls.check(self.cache_url, "TOXFLEET_CACHE_URL")
         if self.rate_limit and not self.api_key_list:
             raise ValueError("TOXFLEET_RATE_LIMIT is per API key: set TOXFLEET_API_KEYS too")
         return self
