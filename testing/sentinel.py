@@ -26,6 +26,8 @@ class SentinelGroup:
     workdir: Path
     down_after_ms: int = 1000
     failover_timeout_ms: int = 3000
+    sentinels: int = 3
+    """0: only the primary and its replica (no failover)."""
     ports: list[int] = field(default_factory=list)
     """The data nodes: the first is the primary at start, the second its replica."""
     sentinel_ports: list[int] = field(default_factory=list)
@@ -41,7 +43,7 @@ class SentinelGroup:
 
     def start(self) -> None:
         self.ports = [free_port(), free_port()]
-        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinel_ports = [free_port() for _ in range(self.sentinels)]
         primary, replica = self.ports
         for port, extra in ((primary, []), (replica, ["--replicaof", "127.0.0.1", str(primary)])):
             node_dir = self.workdir / f"node-{port}"
@@ -65,7 +67,8 @@ class SentinelGroup:
                     return False
             return True
 
-        wait_for(all_see_everyone, 30, "the sentinels to find each other and the replica", interval=0.1)
+        if self.sentinel_ports:
+            wait_for(all_see_everyone, 30, "the sentinels to find each other and the replica", interval=0.1)
 
     def node(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)

@@ -12,6 +12,7 @@ recovery time (from the kill until a job submitted after it is scored).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -156,3 +157,74 @@ def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple
         observer.stopped.set()
         for p in reversed(procs):
             p.stop()
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """A primary and one replica, no sentinels: what `WAIT` needs."""
+    pair = SentinelGroup(tmp_path / "pair", sentinels=0)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.stop()
+
+
+NO_BACKLOG_LIMIT = {"TOXFLEET_BACKLOG_PER_PROCESS": "100000", "TOXFLEET_MAX_QUEUE_DEPTH": "1000000"}
+"""No worker runs in the WAIT tests: without this, the 65th waiting message would be a 429."""
+
+
+def submit_latencies(http: httpx.Client, n: int, tag: str) -> list[float]:
+    times = []
+    for i in range(n):
+        t = time.perf_counter()
+        r = http.post("/v1/jobs", json={"texts": [f"{tag} {i}"]})
+        times.append(time.perf_counter() - t)
+        assert r.status_code == 202, r.text
+    return times
+
+
+def test_wait_for_a_replica_before_the_202(replicated: SentinelGroup, tmp_path: Path) -> None:
+    """With `TOXFLEET_SUBMIT_MIN_REPLICAS=1` a 202 means a replica holds the job; without a replica the
+    submit is a 503 `not-replicated` (never a 202, never a hang). The cost of the wait is measured
+    against an API without it, on the same primary, in alternating rounds."""
+    primary, replica = replicated.ports
+    url = f"redis://127.0.0.1:{primary}/0"
+    waiting, waiting_url = start_api(tmp_path, url, "wait-api", False, TOXFLEET_SUBMIT_MIN_REPLICAS="1",
+                                     TOXFLEET_SUBMIT_REPLICA_TIMEOUT="0.3", **NO_BACKLOG_LIMIT)
+    plain, plain_url = start_api(tmp_path, url, "plain-api", False, **NO_BACKLOG_LIMIT)
+    try:
+        with httpx.Client(base_url=waiting_url, timeout=5) as w, httpx.Client(base_url=plain_url, timeout=5) as p:
+            submit_latencies(w, 20, "warm-w")
+            submit_latencies(p, 20, "warm-p")
+            with_wait: list[float] = []
+            without: list[float] = []
+            for rnd in range(5):  # alternating rounds: a noisy neighbour hits both alike
+                with_wait += submit_latencies(w, 60, f"w{rnd}")
+                without += submit_latencies(p, 60, f"p{rnd}")
+            job = w.post("/v1/jobs", json={"texts": ["held by the replica"]}).json()["id"]
+            assert replicated.node(replica).exists(f"toxfleet:job:{job}")  # on the replica before the 202
+
+            replicated.kill(replica)
+            t = time.monotonic()
+            r = w.post("/v1/jobs", json={"texts": ["no replica"]}, headers={"Idempotency-Key": "no-replica-1"})
+            refused_s = time.monotonic() - t
+            assert r.status_code == 503, r.text
+            assert r.headers["content-type"] == "application/problem+json"
+            assert r.json()["type"] == "/problems/not-replicated" and "retry-after" in r.headers
+            assert refused_s < 2
+            # The same key again: the job exists on the primary, but still no replica holds it.
+            again = w.post("/v1/jobs", json={"texts": ["no replica"]}, headers={"Idempotency-Key": "no-replica-1"})
+            assert again.status_code == 503
+            assert p.post("/v1/jobs", json={"texts": ["no wait"]}).status_code == 202  # the setting's off there
+
+        def q(xs: list[float], f: float) -> float:
+            return sorted(xs)[min(len(xs) - 1, int(f * len(xs)))] * 1000
+
+        print(f"\nWAIT submit latency ms (n={len(with_wait)} each, load {os.getloadavg()[0]:.1f}): "
+              f"with WAIT 1 p50={q(with_wait, .5):.2f} "
+              f"p99={q(with_wait, .99):.2f}; without p50={q(without, .5):.2f} p99={q(without, .99):.2f}; "
+              f"no replica: 503 in {refused_s * 1000:.0f} ms")
+    finally:
+        plain.stop()
+        waiting.stop()
