@@ -10,9 +10,9 @@ Accepted forms (every process of the fleet reads the same one):
                                                      of the master they watch (`master` is required)
 
 In a Sentinel URL the user and password are the Redis master's (the sentinels themselves are asked
-without auth), `db` defaults to 0 and a sentinel's port to 26379. Every client asks the sentinels for
-the current master when it connects, and again after a connection to it fails, so API, workers and
-Flower follow a failover without a restart.
+without auth; TLS is not offered over Sentinel), `db` defaults to 0 and a sentinel's port to 26379.
+Every client asks the sentinels for the current master when it connects, and again after a
+connection to it fails, so API, workers and Flower follow a failover without a restart.
 
 Celery spells Sentinel differently (`sentinel://h1:26379/0;sentinel://h2:26379/0` plus the
 transport option `master_name`, for the broker and the result backend separately): `celery_target`
