@@ -26,10 +26,20 @@ import pytest
 from testing import Proc, start_api, start_flower, start_worker, wait_for
 from testing.faults import ResultObserver, record
 from testing.sentinel import SentinelGroup
+from toxfleet import keys
 from toxfleet.client import Client, Result
 from toxfleet.corpus import CommentCorpus
 
 pytestmark = pytest.mark.faults
+
+REPEATS = int(os.environ.get("FAULT_REPEATS", "1"))
+"""Runs of the failover case (`make test-faults` runs 5), as in tests/integration/test_faults.py."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "attempt" in metafunc.fixturenames:
+        metafunc.parametrize("attempt", range(1, REPEATS + 1), ids=lambda n: f"run{n}")
+
 
 WORKER_ENV = {"TOXFLEET_VISIBILITY_TIMEOUT": "10", "TOXFLEET_SWEEP_SECONDS": "2"}
 """Messages a worker held when its broker connection died come back after 10 s (120 s by default)."""
@@ -83,7 +93,7 @@ class Probe(threading.Thread):
 
 
 def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple[Path, Path], tiny_detoxify: Any,
-                                    tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+                                    tmp_path: Path, caplog: pytest.LogCaptureFixture, attempt: int) -> None:
     caplog.set_level(logging.WARNING, logger="toxfleet.client")
     url = group.url
     observer = ResultObserver(url)
@@ -208,7 +218,7 @@ def test_wait_for_a_replica_before_the_202(replicated: SentinelGroup, tmp_path: 
                 with_wait += submit_latencies(w, 60, f"w{rnd}")
                 without += submit_latencies(p, 60, f"p{rnd}")
             job = w.post("/v1/jobs", json={"texts": ["held by the replica"]}).json()["id"]
-            assert replicated.node(replica).exists(f"toxfleet:job:{job}")  # on the replica before the 202
+            assert replicated.node(replica).exists(keys.job_key(job))  # on the replica before the 202
 
             replicated.kill(replica)
             t = time.monotonic()
