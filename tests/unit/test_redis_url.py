@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelConnectionPool
 
 from api.settings import ApiSettings
 from toxfleet.celeryconf import SHARED_CLIENT_SENTINEL_TRANSPORT, SHARED_CLIENT_TRANSPORT, celery_config
-from toxfleet.redis_url import SentinelUrl, celery_target, check, parse_sentinel, redact
+from toxfleet.redis_url import SentinelUrl, async_client, celery_target, check, parse_sentinel, redact
 
 
 def test_a_sentinel_url_names_every_sentinel_the_master_and_the_database() -> None:
@@ -50,3 +52,15 @@ def test_messages_never_show_the_password() -> None:
     with pytest.raises(ValueError) as caught:
         check("sentinel://:secret@s1:26379/0", "REDIS_URL")
     assert "secret" not in str(caught.value)
+
+
+def test_the_apis_sentinel_pool_still_blocks_at_its_size() -> None:
+    """Over Sentinel the API keeps its bounded pool that waits for a free connection (not one that fails)."""
+    client = async_client("sentinel://:pw@s1:26379,s2/3?master=m", max_connections=7, pool_timeout=0.7,
+                          socket_timeout=1, socket_connect_timeout=1)
+    pool = client.connection_pool
+    assert isinstance(pool, aioredis.BlockingConnectionPool) and isinstance(pool, AsyncSentinelConnectionPool)
+    assert (pool.max_connections, pool.timeout, pool.service_name) == (7, 0.7, "m")
+    assert pool.connection_kwargs["db"] == 3 and pool.connection_kwargs["password"] == "pw"
+    sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert sentinel["password"] is None and sentinel["socket_timeout"] == 1  # sentinels: no auth, same timeouts
