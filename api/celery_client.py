@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 
 from api.settings import ApiSettings
 from toxfleet import contract
 from toxfleet.celeryconf import celery_config
+from toxfleet.redis_url import celery_target
 
 
 class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
@@ -25,14 +26,23 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
         return None
 
 
+class SendOnlySentinelBackend(SentinelBackend):  # type: ignore[misc]
+    """`SendOnlyRedisBackend` over Redis Sentinel."""
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        return None
+
+
 def make_celery(settings: ApiSettings) -> Celery:
     """A client-only Celery app: it sends tasks by name and never imports worker code."""
     # "<class>+<url>" is Celery's own syntax for a backend class with a URL.
-    backend = f"{SendOnlyRedisBackend.__module__}:{SendOnlyRedisBackend.__qualname__}+{settings.redis_url}"
-    app = Celery("toxfleet-api", broker=settings.redis_url, backend=backend, set_as_current=False)
+    target = celery_target(settings.redis_url)
+    cls = SendOnlySentinelBackend if target.sentinel else SendOnlyRedisBackend
+    backend = f"{cls.__module__}:{cls.__qualname__}+{target.url}"
+    app = Celery("toxfleet-api", broker=target.url, backend=backend, set_as_current=False)
     app.conf.update(
         celery_config(visibility_timeout=settings.visibility_timeout, result_expires=settings.result_expires,
-                      broker_url=settings.redis_url),
+                      redis_url=settings.redis_url),
         # Fail fast when Redis is away: the client gets a 503 and retries, instead of a hung request.
         task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
         broker_connection_timeout=settings.redis_timeout,

@@ -11,6 +11,7 @@ wording of `detail`); a 422 also lists its field errors in `errors` (`loc`, `msg
     ├── QueueFull             429     queue-full           more waiting work than the backlog limit; retry later
     ├── RateLimited           429     rate-limited         the caller's key is over `rate_limit` requests per second
     ├── BrokerUnavailable     503     broker-unavailable   Redis did not answer in time; retry later
+    ├── NotReplicated         503     not-replicated       fewer replicas than `submit_min_replicas` hold the job
     ├── ScoringFailed         502     scoring-failed       a drop-in endpoint's job failed in the workers
     └── ScoringTimeout        504     scoring-timeout      a drop-in endpoint got no result in `compat_timeout`
     request validation        422     validation           a field is missing, mistyped or over a limit
@@ -84,6 +85,11 @@ class RateLimited(ApiError):
 class BrokerUnavailable(ApiError):
     status_code, problem, title = 503, "broker-unavailable", "Broker unavailable"
     retry_after = 2
+
+
+class NotReplicated(ApiError):
+    status_code, problem, title = 503, "not-replicated", "Not replicated"
+    retry_after = 1
 
 
 class ScoringFailed(ApiError):

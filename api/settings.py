@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import contract
+from toxfleet import redis_url as urls
 from toxfleet.keys import DEFAULT_REDIS_URL
 from toxfleet.thresholds import DEFAULT_THRESHOLD, Thresholds, check_labels
 
@@ -62,6 +63,13 @@ class ApiSettings(BaseSettings):
     cache: bool = Field(True, description="Answer a job whose texts are all in the score cache without a worker "
                                           "(only while every answering worker has its cache on).")
     cache_url: str | None = Field(None, description="Redis of the score cache (as the workers'); default: REDIS_URL.")
+    submit_min_replicas: int = Field(0, ge=0, le=16,
+                                     description="Replicas that must hold a job before its 202 (Redis `WAIT`); "
+                                                 "fewer within `submit_replica_timeout`: 503 `not-replicated`. "
+                                                 "0: no wait (the 202 follows the primary's write).")
+    submit_replica_timeout: float = Field(0.5, gt=0, le=30,
+                                          description="Seconds a submit waits for `submit_min_replicas` "
+                                                      "(less than `redis_timeout`).")
 
     @property
     def base_thresholds(self) -> Thresholds:
@@ -73,13 +81,15 @@ class ApiSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        urls.check(self.redis_url, "REDIS_URL")
         if any(len(k) < 16 for k in self.api_key_list):
             raise ValueError("TOXFLEET_API_KEYS: every key must have at least 16 characters")
         check_labels(self.thresholds, "TOXFLEET_THRESHOLDS")
-        if self.cache_url is not None and not self.cache_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("TOXFLEET_CACHE_URL must be a redis://, rediss:// or unix:// URL")
+        if self.cache_url is not None:
+            urls.check(self.cache_url, "TOXFLEET_CACHE_URL")
+        if self.submit_min_replicas and self.submit_replica_timeout >= self.redis_timeout:
+            raise ValueError("TOXFLEET_SUBMIT_REPLICA_TIMEOUT must be less than TOXFLEET_REDIS_TIMEOUT "
+                             "(the WAIT would be cut off by the socket timeout)")
         if self.rate_limit and not self.api_key_list:
             raise ValueError("TOXFLEET_RATE_LIMIT is per API key: set TOXFLEET_API_KEYS too")
         return self

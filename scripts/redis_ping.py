@@ -4,7 +4,9 @@ import sys
 
 import redis
 
+from toxfleet.redis_url import sync_client
+
 try:
-    redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1, socket_timeout=1).ping()
+    sync_client(sys.argv[1], socket_connect_timeout=1, socket_timeout=1).ping()
 except (redis.RedisError, OSError):
     sys.exit(1)

@@ -29,6 +29,8 @@ cleanup() {
 trap cleanup INT TERM EXIT
 
 if ! "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL"; then
+  case "$REDIS_URL" in sentinel://*)  # a Sentinel group is the operator's to run, never started here
+    echo "run: no Redis master answers through the sentinels of REDIS_URL" >&2; exit 1;; esac
   port=$("$VENV/bin/python" -c 'import sys, urllib.parse as u; print(u.urlparse(sys.argv[1]).port or 6379)' "$REDIS_URL")
   server=$("$VENV/bin/python" -m scripts.redis_server --which) || exit 1
   echo "run: no Redis answers at $REDIS_URL; starting $server on 127.0.0.1:$port, data in ${REDIS_DIR:-var/redis}"

@@ -24,6 +24,7 @@ import redis
 
 from testing.processes import ROOT, wait_for
 from toxfleet import contract
+from toxfleet import redis_url as urls
 from toxfleet.client.protocol import Submission
 from toxfleet.corpus import CommentCorpus
 
@@ -41,7 +42,7 @@ class ResultObserver(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             try:
-                pubsub = redis.Redis.from_url(self.url, socket_timeout=1).pubsub()  # type: ignore[no-untyped-call]
+                pubsub = urls.sync_client(self.url, socket_timeout=1).pubsub()  # type: ignore[no-untyped-call]
                 pubsub.psubscribe("celery-task-meta-*")
                 self.subscribed.set()
                 while not self.stopped.is_set():

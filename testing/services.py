@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 
 from testing.processes import Proc, base_env, free_port, wait_for
 from testing.redis_server import RedisServer
 from toxfleet import keys
+from toxfleet import redis_url as urls
 
 
 def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None, name: str = "w1",
@@ -27,7 +27,7 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
     proc.extra["hostname"] = hostname
     proc.start()
     if wait:
-        client = redis.Redis.from_url(redis_url)
+        client = urls.sync_client(redis_url)
 
         def ready() -> bool:
             if not proc.alive():

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import redis
 
 from toxfleet import logs
+from toxfleet import redis_url as urls
 from toxfleet.keys import DEFAULT_REDIS_URL
 from toxfleet.queue import Backlog, read_backlog
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         parser.error("--interval must be positive")
     logs.configure("json" if os.environ.get("TOXFLEET_LOG_FORMAT") == "json" else "text")
-    client = redis.Redis.from_url(args.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client = urls.sync_client(args.redis_url, socket_timeout=5, socket_connect_timeout=5)
     if args.once:
         publish(client, args.service, sys.stdout)
         return 0

@@ -10,15 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 from toxfleet.contract import QUEUE
+from toxfleet.redis_url import celery_target
 
 SHARED_CLIENT_TRANSPORT = "toxfleet.transport:Transport"
 """kombu's Redis transport with one Redis client per channel instead of one per command (`toxfleet.transport`)."""
 
+SHARED_CLIENT_SENTINEL_TRANSPORT = "toxfleet.transport:SentinelTransport"
+"""The same over kombu's Sentinel transport."""
 
-def celery_config(*, visibility_timeout: int, result_expires: int, broker_url: str = "") -> dict[str, Any]:
-    """Settings for `Celery.conf.update`, common to the API and the workers. A plain `redis://`
-    `broker_url` gets the shared-client transport; other schemes (TLS, sockets, Sentinel) keep kombu's."""
+
+def celery_config(*, visibility_timeout: int, result_expires: int, redis_url: str = "") -> dict[str, Any]:
+    """Settings for `Celery.conf.update`, common to the API and the workers, for the fleet's `REDIS_URL`
+    (`toxfleet.redis_url`; the broker and backend URLs in Celery's spelling are `celery_target(url).url`).
+    A `redis://` or `sentinel://` URL gets the shared-client transport; TLS and sockets keep kombu's."""
+    target = celery_target(redis_url)
     transport = {
+        **target.transport_options,  # Sentinel: the master's name, for the broker and the backend
         "visibility_timeout": visibility_timeout,
         # kombu scans for messages whose consumer died every interval x throttle seconds (default
         # 10 x 10); scanning every 5 s bounds recovery after a whole worker dies to about
@@ -44,5 +51,6 @@ def celery_config(*, visibility_timeout: int, result_expires: int, broker_url: s
         # No task-sent events: the worker's one event per request (succeeded/failed) carries the same
         # for Flower, and each event is one more Redis round trip on the submit path.
         "task_send_sent_event": False,
-        **({"broker_transport": SHARED_CLIENT_TRANSPORT} if broker_url.startswith("redis://") else {}),
+        **({"broker_transport": SHARED_CLIENT_TRANSPORT} if redis_url.startswith("redis://") else {}),
+        **({"broker_transport": SHARED_CLIENT_SENTINEL_TRANSPORT} if target.sentinel else {}),
     }

@@ -37,6 +37,10 @@ SWEEP_SUSPECTS_KEY = "toxfleet:sweep:suspects"
 JOB_KEY_PREFIX = "toxfleet:job:"
 """Redis key prefix of job manifests."""
 
+SUBMIT_ACK_KEY = "toxfleet:submit:acks"
+"""Redis counter the API increments after a job's writes when `TOXFLEET_SUBMIT_MIN_REPLICAS` is set: the
+write that `WAIT` then waits on (one key, no expiry: bounded)."""
+
 CANCELLED_KEY_PREFIX = "toxfleet:cancelled:"
 """Redis key prefix marking a deleted job (value "1"): workers skip its requests not yet scored."""
 

@@ -11,16 +11,19 @@ from kombu.entity import Exchange, Queue
 
 from toxfleet import contract
 from toxfleet.celeryconf import celery_config
+from toxfleet.redis_url import celery_target
 from worker.cpus import default_concurrency
 from worker.settings import get_settings
 
 _settings = get_settings()
 
-app = Celery("toxfleet", broker=_settings.redis_url, backend=_settings.redis_url,
+_broker = celery_target(_settings.redis_url).url  # a Sentinel URL in Celery's spelling
+
+app = Celery("toxfleet", broker=_broker, backend=_broker,
              include=["worker.tasks", "worker.lifecycle", "worker.metrics"])
 app.conf.update(
     celery_config(visibility_timeout=_settings.visibility_timeout, result_expires=_settings.result_expires,
-                  broker_url=_settings.redis_url),
+                  redis_url=_settings.redis_url),
     # Results are written per request by the batch itself; late acks come after that write.
     task_acks_late=True,
     task_reject_on_worker_lost=True,

@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
+from toxfleet import redis_url as urls
 from toxfleet.keys import HEARTBEAT_SECONDS, Heartbeat
 from worker.settings import WorkerSettings
 
@@ -33,7 +32,7 @@ class HeartbeatThread(threading.Thread):
     def __init__(self, settings: WorkerSettings, hostname: str, concurrency: int, backend: str,
                  model_loads: Callable[[], int], gate: dict[str, Any] | None = None) -> None:
         super().__init__(name="toxfleet-heartbeat", daemon=True)
-        self._redis = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        self._redis = urls.sync_client(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._model_loads = model_loads
         self._beat = Heartbeat(hostname, model=settings.model_identity, backend=backend, cache=settings.cache,
                                concurrency=concurrency, pid=os.getpid(), host=socket.gethostname(), gate=gate)

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import cache as cache_defaults
 from toxfleet import contract
+from toxfleet import redis_url as urls
 from toxfleet.keys import DEFAULT_REDIS_URL
 
 BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-int8-rowwise", "torch-bf16", "onnx", "onnx-int8")
@@ -86,10 +87,9 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL")
-        if self.cache_url is not None and not self.cache_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("TOXFLEET_CACHE_URL must be a redis://, rediss:// or unix:// URL")
+        urls.check(self.redis_url, "REDIS_URL")
+        if self.cache_url is not None:
+            urls.check(self.cache_url, "TOXFLEET_CACHE_URL")
         if (self.checkpoint is None) != (self.hf_config is None) and self.hf_config is not None:
             raise ValueError("TOXFLEET_HF_CONFIG needs TOXFLEET_CHECKPOINT")
         if self.checkpoint is not None and not self.checkpoint.is_file():

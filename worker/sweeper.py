@@ -36,6 +36,7 @@ from typing import Any, cast
 import redis
 
 from toxfleet import contract, meta, pending
+from toxfleet import redis_url as urls
 from toxfleet.keys import SWEEP_LOCK_KEY, SWEEP_SUSPECTS_KEY, UNACKED_KEY, lease_key
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class Sweeper(threading.Thread):
     def __init__(self, redis_url: str, result_key: Callable[[str], bytes | str], publish: Publish, interval: float,
                  expires: float) -> None:
         super().__init__(name="toxfleet-sweeper", daemon=True)
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+        self._redis = urls.sync_client(redis_url, socket_timeout=5, socket_connect_timeout=2)
         self._result_key = result_key
         self._publish = publish
         self._interval = interval

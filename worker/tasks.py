@@ -9,10 +9,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
 from redis.exceptions import RedisError
 
 from toxfleet import contract, keys, pending
+from toxfleet import redis_url as urls
 from toxfleet.cache import ScoreCache, Scores, namespace
 from worker import metrics, state
 from worker.batching import BatchTask
@@ -261,8 +261,8 @@ def score_cache() -> ScoreCache | None:
     if not settings.cache:
         return None
     if _cache is None:
-        client = redis.Redis.from_url(settings.cache_url or settings.redis_url, socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = urls.sync_client(settings.cache_url or settings.redis_url, socket_timeout=2,
+                                  socket_connect_timeout=2)
         _cache = ScoreCache(client, settings.cache_ttl, settings.cache_max_entries)
     return _cache
 

@@ -22,7 +22,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         404: "`/problems/not-found`: unknown, expired or deleted job",
         413: "`/problems/body-too-large`",
         429: "`/problems/queue-full` or `/problems/rate-limited`; see Retry-After",
-        503: "`/problems/broker-unavailable`; see Retry-After",
+        503: "`/problems/broker-unavailable` or `/problems/not-replicated`; see Retry-After",
     }.items()
 }
 

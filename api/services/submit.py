@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import metrics
 from api.celery_client import send_chunks
-from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, QueueFull
+from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, NotReplicated, QueueFull
 from api.services.fleet import FleetService
 from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
@@ -79,7 +79,9 @@ class SubmitService:
             idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(scoped.encode()).hexdigest()
         try:
             if idem_key and (earlier := await self._redis.get(idem_key)) is not None:
-                return Submitted(self._replay(earlier, fingerprint), False)
+                replayed = self._replay(earlier, fingerprint)
+                await self._acknowledge()  # what an earlier attempt wrote may not be on a replica yet
+                return Submitted(replayed, False)
             cached = await self._all_cached(texts, long_text)
             if cached is None:
                 await self._check_backlog()
@@ -99,10 +101,13 @@ class SubmitService:
                 # The manifest exists before the key does, so whoever reads the key finds the job.
                 if not await self._redis.set(idem_key, record, nx=True, ex=self._settings.idempotency_ttl):
                     await self._forget(job_id, len(chunks))  # a concurrent twin won; ours was never sent
-                    return Submitted(self._replay(await self._redis.get(idem_key), fingerprint), False)
+                    replayed = self._replay(await self._redis.get(idem_key), fingerprint)
+                    await self._acknowledge()
+                    return Submitted(replayed, False)
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
         if cached is not None:
+            await self._acknowledge()
             metrics.count_submitted(len(texts), 0)
             metrics.count_answered_from_cache(len(texts))
             logger.info("job %s answered from the score cache: texts=%d", job_id, len(texts),
@@ -116,10 +121,32 @@ class SubmitService:
                 await self._forget(job_id, len(chunks), *([idem_key] if idem_key else []))
             raise BrokerUnavailable(f"could not enqueue: {exc.__class__.__name__}") from exc
         self._fleet.count_sent(len(chunks))
+        await self._acknowledge()
         metrics.count_submitted(len(texts), len(chunks))
         logger.info("job %s submitted: texts=%d messages=%d", job_id, len(texts), len(chunks),
                     extra={"texts": len(texts), "messages": len(chunks)})
         return Submitted(job_id, True)
+
+    async def _acknowledge(self) -> None:
+        """With `submit_min_replicas`, wait until that many replicas hold everything written so far:
+        Redis's `WAIT` counts the replicas that acknowledged this connection's last write, so one more
+        write (a counter), made after the job's manifest, pending record and messages, goes first on
+        the same connection (a pipeline). NotReplicated if fewer acknowledge in time: the job exists
+        on the primary and may still run, and a retry with the same Idempotency-Key waits for it again."""
+        wanted = self._settings.submit_min_replicas
+        if not wanted:
+            return
+        timeout_ms = max(1, round(self._settings.submit_replica_timeout * 1000))
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.incr(keys.SUBMIT_ACK_KEY)
+                pipe.wait(wanted, timeout_ms)
+                _, acknowledged = await pipe.execute()
+        except RedisError as exc:
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        if acknowledged < wanted:
+            raise NotReplicated(f"{acknowledged} of {wanted} replicas acknowledged the job within "
+                                f"{self._settings.submit_replica_timeout:g}s; retry with the same Idempotency-Key")
 
     async def delete(self, job_id: str, owner: str | None = None) -> None:
         """Forget a job (its manifest, results and pending records) and mark it deleted, so that

@@ -13,6 +13,7 @@ from api.services.read import ReadService
 from api.services.submit import SubmitService
 from api.settings import ApiSettings
 from api.waiter import ResultWaiter
+from toxfleet import redis_url as urls
 from toxfleet.cache import AsyncScoreCache
 
 
@@ -36,13 +37,12 @@ class Services:
 
 def make_services(settings: ApiSettings) -> Services:
     # A blocking pool: a burst of requests waits (up to redis_timeout) for a connection instead of failing.
-    pool = aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=settings.redis_max_connections, timeout=settings.redis_timeout,
+    redis = urls.async_client(
+        settings.redis_url, max_connections=settings.redis_max_connections, pool_timeout=settings.redis_timeout,
         socket_timeout=settings.redis_timeout, socket_connect_timeout=settings.redis_timeout)
-    redis = aioredis.Redis(connection_pool=pool)
     cache = None
     if settings.cache:
-        client = redis if not settings.cache_url else aioredis.Redis.from_url(
+        client = redis if not settings.cache_url else urls.async_client(
             settings.cache_url, socket_timeout=settings.redis_timeout, socket_connect_timeout=settings.redis_timeout)
         cache = AsyncScoreCache(client)
     celery = make_celery(settings)

@@ -43,7 +43,8 @@ def test_worker_rejects_unsafe_values(monkeypatch: pytest.MonkeyPatch, env: dict
 
 
 @pytest.mark.parametrize("env", [{"REDIS_URL": "ftp://x"}, {"TOXFLEET_MAX_WAIT": "3600"},
-                                 {"TOXFLEET_MAX_TEXTS": "0"}])
+                                 {"TOXFLEET_MAX_TEXTS": "0"}, {"REDIS_URL": "sentinel://s1:26379/0"},
+                                 {"TOXFLEET_SUBMIT_MIN_REPLICAS": "1", "TOXFLEET_SUBMIT_REPLICA_TIMEOUT": "1"}])
 def test_api_rejects_unsafe_values(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
     """Each unsafe API setting is refused at construction."""
     for k, v in env.items():
