@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-faults soak lint checkpoints bench bench-quick bench-backends bench-cache bench-cpu export clean
+.PHONY: venv run run-offline test test-faults soak lint checkpoints bench bench-quick bench-backends bench-cache bench-cpu bench-lanes export clean
 
 venv: $(VENV)/.installed
 
@@ -94,6 +94,11 @@ bench-cache: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt
 ## model, 32 clients, one-text jobs; BENCH_ARGS e.g. "--revs HEAD~1,HEAD --repeats 3" compares commits.
 bench-cpu: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt
 	$(PY) -m bench.cpu_per_job --variants default,flower --repeats 2 --json var/bench-cpu.json $(BENCH_ARGS)
+
+## Priority lanes: interactive p99 (10 clients, 1-text jobs) on an idle fleet, then under a saturating bulk
+## backfill, same processes, 3 repeats; the target is a ratio <= 2 (var/bench-lanes.md, .json; minutes).
+bench-lanes: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt
+	TOXFLEET_TEST_MODELS=$(abspath $(MODELS)) $(PY) -m bench.lanes $(BENCH_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import bodylimit, errors
+from api import bodylimit, errors, metrics_server
 from api.metrics import MetricsMiddleware
-from api.routes import compat, health, jobs, metrics
+from api.routes import compat, health, jobs
 from api.services.wiring import make_services
 from api.settings import ApiSettings, get_settings
 from toxfleet import logs
@@ -26,9 +27,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.services = make_services(settings)
+        metrics = None
         try:
+            if settings.api_metrics_port:
+                metrics = metrics_server.start(settings, app.state.services.fleet, asyncio.get_running_loop())
             yield
         finally:
+            if metrics is not None:
+                # Off the loop: a scrape in flight may be waiting for the loop to read Redis.
+                await asyncio.to_thread(metrics.stop)
             await app.state.services.close()
 
     app = FastAPI(title="toxfleet", version="0.1.0", lifespan=lifespan,
@@ -37,10 +44,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.state.settings = settings  # read by api.deps.get_settings
     errors.install(app)
     bodylimit.install(app, settings.max_body_bytes)
-    routers = [jobs.router, compat.router, health.router] + ([metrics.router] if settings.metrics_enabled else [])
+    # No /metrics route: metrics have a listener of their own (api.metrics_server), never this one.
+    routers = [jobs.router, compat.router, health.router]
     for router in routers:
         app.include_router(router)
-    if settings.metrics_enabled:
+    if settings.api_metrics_port:
         # Added last, so outermost: it also counts requests refused before routing (413).
         app.add_middleware(MetricsMiddleware, routes=[r for router in routers for r in router.routes])
     return app

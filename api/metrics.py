@@ -1,17 +1,22 @@
-"""Prometheus metrics of the HTTP tier, served at `GET /metrics` (see docs/observability.md).
+"""Prometheus metrics of the HTTP tier (see docs/observability.md); `api.metrics_server` serves them
+on a listener of their own, never on the public port.
 
 Requests are counted by route *template* (`/v1/jobs/{job_id}`), never by raw path, so the number of
 series stays bounded whatever clients send. The queue gauges are read from Redis when scraped
-(asynchronously, one pipelined round trip), so every API replica reports the same fleet-wide values:
-aggregate them with `max`, not `sum`.
+(`FleetCollector`), so every API replica reports the same fleet-wide values: aggregate them with
+`max`, not `sum`.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -29,15 +34,9 @@ LATENCY = Histogram("toxfleet_http_request_duration_seconds",
 JOBS = Counter("toxfleet_jobs_submitted", "Jobs accepted and enqueued (POST /v1/jobs and the drop-in endpoints).")
 TEXTS = Counter("toxfleet_texts_submitted", "Texts in the jobs accepted.")
 MESSAGES = Counter("toxfleet_messages_sent", "Task messages published (a job is split into chunks of 16 texts).")
-QUEUE_DEPTH = Gauge("toxfleet_queue_depth", "Task messages waiting in the Redis queue, read at scrape time.")
-QUEUE_UNACKED = Gauge("toxfleet_queue_unacked",
-                      "Task messages delivered to workers and not yet acknowledged (buffered or being scored).")
-WORKERS = Gauge("toxfleet_workers", "Workers whose heartbeat is recent.")
 CACHE_JOBS = Counter("toxfleet_cache_answered_jobs",
                      "Jobs whose texts were all in the score cache, answered by the API without a worker.")
 CACHE_TEXTS = Counter("toxfleet_cache_answered_texts", "Texts in the jobs answered from the score cache alone.")
-CACHE_ENTRIES = Gauge("toxfleet_cache_entries", "Scores in the score cache, read at scrape time (fleet-wide).")
-BROKER_UP = Gauge("toxfleet_broker_up", "1 if Redis answered the last scrape's queue read, else 0.")
 
 
 class MetricsMiddleware:
@@ -91,24 +90,48 @@ def count_answered_from_cache(texts: int) -> None:
     CACHE_TEXTS.inc(texts)
 
 
-def set_cache_entries(entries: int | None) -> None:
-    CACHE_ENTRIES.set(float("nan") if entries is None else entries)
+@dataclass(frozen=True)
+class FleetReading:
+    """What one scrape read from Redis: the backlog (None: Redis did not answer) and the score cache's
+    entries (None: not read, the cache is off here or its Redis did not answer)."""
+
+    backlog: Backlog | None
+    cache_entries: int | None
 
 
-def set_queue(backlog: Backlog) -> None:
-    QUEUE_DEPTH.set(backlog.queued)
-    QUEUE_UNACKED.set(backlog.unacked)
-    WORKERS.set(backlog.workers)
-    BROKER_UP.set(1)
+UNREAD = FleetReading(None, None)
+
+FLEET_GAUGES = {
+    "toxfleet_queue_depth": "Task messages waiting in the Redis queue, read at scrape time.",
+    "toxfleet_queue_unacked": "Task messages delivered to workers and not yet acknowledged (buffered or being scored).",
+    "toxfleet_workers": "Workers whose heartbeat is recent.",
+    "toxfleet_broker_up": "1 if Redis answered this scrape's queue read, else 0.",
+    "toxfleet_cache_entries": "Scores in the score cache, read at scrape time (fleet-wide).",
+}
 
 
-def set_broker_down() -> None:
-    # NaN, not the last value: a stale queue depth would look like a healthy one.
-    for gauge in (QUEUE_DEPTH, QUEUE_UNACKED, WORKERS):
-        gauge.set(float("nan"))
-    BROKER_UP.set(0)
+class FleetCollector(Collector):
+    """The fleet-wide gauges, read by `read()` when Prometheus scrapes, so they are never stale.
 
+    With Redis down the queue gauges are NaN, not their last values (a stale queue depth would look
+    like a healthy one), and `toxfleet_broker_up` is 0."""
 
-def exposition() -> tuple[bytes, str]:
-    """The registry in Prometheus' text format, and its content type."""
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    def __init__(self, read: Callable[[], FleetReading]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Registering calls this, not collect(): no Redis read until the first scrape.
+        return (GaugeMetricFamily(name, doc) for name, doc in FLEET_GAUGES.items())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        reading = self._read()
+        backlog = reading.backlog
+        values = {
+            "toxfleet_queue_depth": math.nan if backlog is None else backlog.queued,
+            "toxfleet_queue_unacked": math.nan if backlog is None else backlog.unacked,
+            "toxfleet_workers": math.nan if backlog is None else backlog.workers,
+            "toxfleet_broker_up": 0 if backlog is None else 1,
+            "toxfleet_cache_entries": math.nan if reading.cache_entries is None else reading.cache_entries,
+        }
+        for name, doc in FLEET_GAUGES.items():
+            yield GaugeMetricFamily(name, doc, value=values[name])

@@ -51,8 +51,12 @@ class ApiSettings(BaseSettings):
                             description="Requests per second per API key (0: unlimited); 429 above it.")
     idempotency_ttl: int = Field(86_400, ge=60, le=30 * 86_400,
                                  description="Seconds an Idempotency-Key is remembered.")
-    metrics_enabled: bool = Field(True, description="Serve Prometheus metrics at `GET /metrics` (never behind an "
-                                  "API key: keep the path off the public load balancer).")
+    api_metrics_port: int = Field(9809, ge=0, le=65535,
+                                  description="Port of the API's Prometheus endpoint (`/metrics`), a listener of its "
+                                              "own, never the public one (9808 is the workers'); 0: no metrics.")
+    api_metrics_host: str = Field("127.0.0.1", min_length=1,
+                                  description="Address that metrics listener binds: loopback for `make run`; the "
+                                              "API image sets 0.0.0.0 so that Prometheus can reach it.")
     log_format: Literal["json", "text"] = Field("text", description="`json`: one JSON object per log line, "
                                                 "with the job id (set in the Docker images); `text`: for people.")
     threshold: float = Field(DEFAULT_THRESHOLD, ge=0, le=1,

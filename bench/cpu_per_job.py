@@ -63,10 +63,10 @@ VARIANTS: dict[str, Variant] = {
                        about="worker --loglevel=WARNING; API: uvicorn, api.* and toxfleet.* loggers at WARNING"),
     "no-gossip": Variant(worker_args=("--without-gossip", "--without-mingle", "--without-heartbeat"),
                          about="no worker gossip, mingle, heartbeat"),
-    "no-metrics": Variant(env={"TOXFLEET_METRICS_PORT": "0", "TOXFLEET_METRICS_ENABLED": "false"},
+    "no-metrics": Variant(env={"TOXFLEET_METRICS_PORT": "0", "TOXFLEET_API_METRICS_PORT": "0"},
                           about="Prometheus off in the worker (multiprocess files) and the API"),
     "cache-on": Variant(env={"TOXFLEET_CACHE": "true"}, about="score cache on (corpus cycles: mostly hits)"),
-    "all-off": Variant(env={"TOXFLEET_METRICS_PORT": "0", "TOXFLEET_METRICS_ENABLED": "false"},
+    "all-off": Variant(env={"TOXFLEET_METRICS_PORT": "0", "TOXFLEET_API_METRICS_PORT": "0"},
                        worker_args=QUIET + ("--without-gossip", "--without-mingle", "--without-heartbeat"),
                        api_args=("--log-level", "warning", "--log-config", "@quiet"),
                        about="warning + no-gossip + no-metrics"),
@@ -87,7 +87,8 @@ def start(variant: Variant, ckpt: Path, hf: Path, concurrency: int, redis_url: s
     code in `tree` (Uvicorn and Celery import the app from their working directory first)."""
     port = free_port()
     env = {**model_env(ckpt, hf), "REDIS_URL": redis_url, "TOXFLEET_CONCURRENCY": str(concurrency),
-           "TOXFLEET_METRICS_PORT": str(free_port()), "TOXFLEET_API_KEYS": "", "TOXFLEET_RATE_LIMIT": "0",
+           "TOXFLEET_METRICS_PORT": str(free_port()), "TOXFLEET_API_METRICS_PORT": str(free_port()),
+           "TOXFLEET_API_KEYS": "", "TOXFLEET_RATE_LIMIT": "0",
            "TOXFLEET_CACHE": "false", "PYTHONPATH": str(tree), **variant.env}
     service = Service("toxfleet", log_dir)
     quiet = log_dir / "quiet-logging.json"

@@ -174,12 +174,13 @@ def start_toxfleet(checkpoint: Path, hf: Path, concurrency: int, redis_url: str,
                    extra_env: dict[str, str] | None = None) -> tuple[Service, str]:
     """toxfleet as deployed: one Uvicorn API process and one Celery worker with `concurrency` processes."""
     port = free_port()
-    # Metrics stay on, as deployed, but on a free port: the default one may be taken on a shared machine.
+    # Metrics stay on, as deployed, but on free ports: the default ones may be taken on a shared machine.
     # No API keys (the baseline has none, and the load generator sends none). No score cache: the load
     # draws from a finite corpus, so repeats would be answered from Redis and flatter toxfleet against a
     # baseline that scores every request (`make bench-cache` measures the cache on its own).
     env = {**model_env(checkpoint, hf), "REDIS_URL": redis_url, "TOXFLEET_CONCURRENCY": str(concurrency),
-           "TOXFLEET_METRICS_PORT": str(free_port()), "TOXFLEET_API_KEYS": "", "TOXFLEET_RATE_LIMIT": "0",
+           "TOXFLEET_METRICS_PORT": str(free_port()), "TOXFLEET_API_METRICS_PORT": str(free_port()),
+           "TOXFLEET_API_KEYS": "", "TOXFLEET_RATE_LIMIT": "0",
            "TOXFLEET_CACHE": "false",
            **(extra_env or {})}
     service = Service("toxfleet", log_dir)

@@ -8,7 +8,7 @@ environment that runs pytest or the benchmark is the one under test.
 from testing.checkpoints import MODELS, synthetic_checkpoint
 from testing.processes import ROOT, Proc, base_env, child_pids, free_port, wait_for
 from testing.redis_server import RedisServer
-from testing.services import Fleet, FleetSpec, start_api, start_fleet, start_flower, start_worker
+from testing.services import Fleet, FleetSpec, api_metrics, start_api, start_fleet, start_flower, start_worker
 
 __all__ = [
     "MODELS",
@@ -17,6 +17,7 @@ __all__ = [
     "FleetSpec",
     "Proc",
     "RedisServer",
+    "api_metrics",
     "base_env",
     "child_pids",
     "free_port",

@@ -42,14 +42,24 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
 
 def start_api(tmp: Path, redis_url: str, name: str = "api", access_log: bool = False,
               **env: str) -> tuple[Proc, str]:
-    """A real uvicorn serving api.main:app; returns the process and its base URL."""
+    """A real uvicorn serving api.main:app; returns the process and its base URL. Its Prometheus
+    endpoint listens on a free port of its own (not the default, which may be taken on a shared
+    machine) unless `env` sets TOXFLEET_API_METRICS_PORT; `api_metrics(proc)` is its URL."""
     port = free_port()
+    env = {"TOXFLEET_API_METRICS_PORT": str(free_port()), **env}
     proc = Proc(name, [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port", str(port),
                        *([] if access_log else ["--no-access-log"])], base_env(redis_url, None, **env),
-                tmp / f"{name}.log").start()
+                tmp / f"{name}.log")
+    proc.extra["metrics"] = f"http://127.0.0.1:{env['TOXFLEET_API_METRICS_PORT']}/metrics"
+    proc.start()
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, "uvicorn")
     return proc, url
+
+
+def api_metrics(api: Proc) -> str:
+    """The URL of the Prometheus endpoint of an API `start_api` started."""
+    return api.extra["metrics"]
 
 
 def start_flower(tmp: Path, env: dict[str, str], auth: tuple[str, str], name: str = "flower") -> tuple[Proc, str]:
@@ -86,6 +96,11 @@ class Fleet:
     worker_metrics: str
     flower_url: str | None
     procs: list[Proc]
+
+    @property
+    def api_metrics(self) -> str:
+        """The API's Prometheus endpoint (its own port; the API's port serves no /metrics)."""
+        return api_metrics(self.api)
 
     @property
     def flower(self) -> str:

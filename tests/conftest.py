@@ -19,6 +19,16 @@ from scripts.redis_server import NoServer, server_binary
 from testing import Fleet, FleetSpec, RedisServer, free_port, start_fleet, synthetic_checkpoint
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_metrics_listener_in_process() -> Iterator[None]:
+    """Apps built in this process (`create_app` under TestClient) open no metrics listener: its default
+    port may be taken on a shared machine, and apps alive at once would contend for it. API processes
+    (`testing.start_api`) each get a free port of their own, and the metrics tests use those."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOXFLEET_API_METRICS_PORT", "0")
+        yield
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     try:

@@ -138,7 +138,7 @@ class ScoreTask(BatchTask):
 
         # Held (renewed) until the results are stored: a slow batch must not lose its requests to a
         # redelivery that finds their leases expired and scores them a second time.
-        claimed = [r["id"] for r, c in zip(requests, claims, strict=True) if c == "claimed"]
+        claimed = [r["id"] for r, c in zip(requests_left, claims, strict=True) if c == "claimed"]
         with store.holding(claimed, batch_id, settings.visibility_timeout):
             # Cached texts skip the model; only the rest are scored, then cached in turn.
             cached = self._cached(scorer.backend, texts, modes, batch_id)

@@ -24,12 +24,14 @@ def _series(families: list[Metric]) -> dict[str, str]:
 def _exported() -> dict[str, str]:
     from prometheus_client import REGISTRY
 
-    import api.metrics  # noqa: F401 - registers the API's metrics in the default registry
+    from api.metrics import UNREAD, FleetCollector  # importing registers the API's own metrics
     from worker.metrics import WorkerMetrics
 
     worker = CollectorRegistry()
     WorkerMetrics(worker)
-    return _series(list(REGISTRY.collect()) + list(worker.collect()))
+    fleet = CollectorRegistry()  # the API's metrics server registers it while serving
+    fleet.register(FleetCollector(lambda: UNREAD))
+    return _series(list(REGISTRY.collect()) + list(worker.collect()) + list(fleet.collect()))
 
 
 def _exprs(dashboard: dict[str, Any]) -> list[str]:

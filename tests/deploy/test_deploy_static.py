@@ -73,8 +73,8 @@ IMAGES: dict[str, tuple[Dockerfile, Stage]] = {
     "flower": (API_FILE, API_FILE.stage("flower")),
     "worker": (WORKER_FILE, WORKER_FILE.stages[-1]),
 }
-EXPECTED_PORTS = {"api": 8000, "flower": 5555, "worker": 9808}
-"""The port each task's own container maps (the worker's is its Prometheus endpoint)."""
+EXPECTED_PORTS = {"api": [8000, 9809], "flower": [5555], "worker": [9808]}
+"""The ports each task's own container maps (the worker's, and the API's second, are Prometheus endpoints)."""
 INFERENCE_PACKAGES = ("torch", "detoxify", "transformers")
 BACKLOG_COMMAND = ["python", "-m", "tools.backlog", "--interval", "60"]
 """How the deployment runs the backlog publisher: one reading a minute, CloudWatch's standard resolution."""
@@ -792,7 +792,7 @@ def test_task_definitions_are_fargate_tasks_with_logs_and_health(name: str) -> N
     assert 5 <= check["interval"] <= 300 and 2 <= check["timeout"] <= 60 and check["timeout"] < check["interval"]
     assert 1 <= check["retries"] <= 10 and 0 <= check["startPeriod"] <= 300
     ports = [p["containerPort"] for c in task["containerDefinitions"] for p in c.get("portMappings", [])]
-    assert ports == [EXPECTED_PORTS[name]]
+    assert ports == EXPECTED_PORTS[name]
 
 
 @pytest.mark.parametrize("name", TASK_DEFINITIONS)
@@ -936,7 +936,7 @@ def test_api_side_variables_are_api_settings() -> None:
     """Every TOXFLEET_* variable (and REDIS_URL) set for the API is read by the API's settings class."""
     accepted = set().union(*(accepted_env_names(c) for c in _api_settings_classes()))
     variables = _settings_env({"api"}, [(API_FILE, API_FILE.stages)], [("api", "api")])
-    assert {"TOXFLEET_LOG_FORMAT", "TOXFLEET_METRICS_ENABLED", "REDIS_URL"} <= set(variables)
+    assert {"TOXFLEET_LOG_FORMAT", "TOXFLEET_API_METRICS_PORT", "REDIS_URL"} <= set(variables)
     unknown = {var: where for var, where in variables.items() if var not in accepted}
     assert not unknown, f"not API settings fields: {unknown}"
 
@@ -1092,32 +1092,30 @@ def test_backlog_publisher_runs_from_the_flower_image(compose_redis: tuple[int, 
     assert not imported & {*INFERENCE_PACKAGES, "celery", "kombu"}, imported
 
 
-def test_api_metrics_are_kept_off_the_load_balancer() -> None:
-    """The guide's listener rule is a valid ELBv2 CreateRule request answering a fixed 404 for every
-    path of the API's metrics router and for no other API route."""
-    from botocore.validate import ParamValidator
+def test_api_metrics_port_is_reachable_on_the_private_network_only() -> None:
+    """The API image serves metrics on a port of its own, on all interfaces (TOXFLEET_API_METRICS_PORT
+    and _HOST), EXPOSEd beside 8000; Compose exposes it to the project network without publishing it;
+    the ECS task maps it; the guide opens it to the scraper's security group only, and the load
+    balancer's target group forwards port 8000 alone. The app has no /metrics route."""
+    from api.main import create_app
+    from api.settings import ApiSettings
 
-    from api.routes import compat, health, jobs
-    from api.routes import metrics as metrics_routes
-
-    (block,) = re.findall(r"aws elbv2 create-rule (?:[^\n]*\\\n)*[^\n]*", FARGATE_DOC)
-    words = shlex.split(block.replace("\\\n", " "))
-    request = {"ListenerArn": "arn:aws:elasticloadbalancing:eu-west-1:123456789012:listener/app/a/b/c",
-               "Priority": int(words[words.index("--priority") + 1]),
-               "Conditions": json.loads(words[words.index("--conditions") + 1]),
-               "Actions": json.loads(words[words.index("--actions") + 1])}
-    report = ParamValidator().validate(request, _botocore_shape("elbv2", "CreateRule"))
-    assert not report.has_errors(), report.generate_report()
-    (action,) = request["Actions"]
-    assert action["Type"] == "fixed-response" and action["FixedResponseConfig"]["StatusCode"] == "404"
-    (condition,) = request["Conditions"]
-    patterns = condition["PathPatternConfig"]["Values"]
-
-    def blocked(path: str) -> bool:  # ALB: `*` any run of characters, `?` one; case-sensitive
-        return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
-
-    metric_paths = [r.path for r in metrics_routes.router.routes]  # type: ignore[attr-defined]
-    assert metric_paths and all(blocked(p) and blocked(p + "/") for p in metric_paths)
-    others = [r.path for router in (jobs.router, compat.router, health.router) for r in router.routes]  # type: ignore[attr-defined]
-    assert others and not any(blocked(p) for p in others)
-    assert "TOXFLEET_METRICS_ENABLED" in {v["name"] for v in container("api")["environment"]}
+    stage = IMAGES["api"][1]
+    env = API_FILE.env(stage)
+    port = int(env["TOXFLEET_API_METRICS_PORT"])
+    assert port not in (0, 8000) and port == ApiSettings.model_fields["api_metrics_port"].default
+    assert port != WorkerSettings.model_fields["metrics_port"].default
+    assert env["TOXFLEET_API_METRICS_HOST"] == "0.0.0.0"
+    assert ApiSettings.model_fields["api_metrics_host"].default == "127.0.0.1"  # `make run`: loopback
+    assert [i.args for i in API_FILE.effective(stage, "EXPOSE")] == [f"8000 {port}"]
+    for services in (SERVICES, OFFLINE["services"]):
+        api = services["api"]
+        assert [str(p) for p in api["expose"]] == [str(port)]
+        assert not any(str(port) in str(p) for p in api["ports"])
+        assert environment(api).get("TOXFLEET_API_METRICS_PORT", str(port)) == str(port)
+    assert [p["containerPort"] for p in container("api")["portMappings"]] == [8000, port]
+    (row,) = [line for line in FARGATE_DOC.splitlines() if line.startswith("| `sg-api` |")]
+    assert f"{port} (metrics) from `sg-prometheus` only" in row and "8000 from `sg-alb` only" in row
+    assert "containerName=api,containerPort=8000" in FARGATE_DOC
+    app = create_app(ApiSettings(api_metrics_port=port))
+    assert not [r for r in app.routes if "metrics" in getattr(r, "path", "")]

@@ -114,7 +114,7 @@ def test_fully_cached_job_succeeds_without_a_worker(fleet: Fleet, tiny_detoxify:
     at once with every text a cache hit, and reads exactly like a job a worker scored. A partly cached
     job waits for the worker, which scores only the rest."""
     texts = CommentCorpus(34).texts(20)
-    api_metrics = fleet.url + "/metrics"
+    api_metrics = fleet.api_metrics
     answered_before = metric(api_metrics, "toxfleet_cache_answered_texts_total")
     hits_before = metric(fleet.worker_metrics, "toxfleet_cache_hits_total")
     with Client(fleet.url) as c:

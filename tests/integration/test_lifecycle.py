@@ -43,7 +43,11 @@ def test_timestamps_follow_the_job(fleet: Fleet) -> None:
 
 
 def test_delete_forgets_the_job_and_workers_skip_its_messages(fleet: Fleet) -> None:
+    """The deleted job's messages are skipped by the batches that receive them: acked and counted as
+    cancelled, with no batch failing over them (a failed batch would retry every request in it,
+    other jobs' included, and end them as worker_lost)."""
     before = cancelled(fleet.worker_metrics)
+    log_start = len(fleet.worker.output())
     with httpx.Client(base_url=fleet.url, timeout=60) as c:
         texts = CommentCorpus(11).texts(400)  # 50 messages: far more than one worker scores in a moment
         job_id = c.post("/v1/jobs", json={"texts": texts}).json()["id"]
@@ -58,6 +62,7 @@ def test_delete_forgets_the_job_and_workers_skip_its_messages(fleet: Fleet) -> N
         # The fleet still scores the next job.
         after = c.post("/v1/jobs", json={"texts": ["still working"]}).json()["id"]
         assert c.get(f"/v1/jobs/{after}", params={"wait": 30}).json()["status"] == "succeeded"
+    assert "failed in the pool" not in fleet.worker.output()[log_start:]
     assert redis.Redis.from_url(fleet.redis_url).get(keys.job_key(job_id)) is None
 
 

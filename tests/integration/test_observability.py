@@ -4,6 +4,7 @@ the real API under uvicorn, both with metrics on and JSON logs; the backlog publ
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testing import ROOT, Fleet, FleetSpec, RedisServer, base_env, free_port, start_api, wait_for
+from testing import ROOT, Fleet, FleetSpec, Proc, RedisServer, api_metrics, base_env, free_port, start_api, wait_for
 from toxfleet import contract, keys
 from toxfleet.corpus import CommentCorpus
 
@@ -111,7 +112,7 @@ def test_api_metrics_count_requests_by_route_template(fleet: Fleet) -> None:
     """The API counts and times each request under its route template and status, never the raw path,
     and counts the jobs, texts and messages it accepted."""
     url = fleet.url
-    before = scrape(url + "/metrics")
+    before = scrape(fleet.api_metrics)
     ids, messages = _run_jobs(url, [2, 17])
     with httpx.Client(base_url=url, timeout=10) as c:
         assert c.get(f"/v1/jobs/{ids[0]}").status_code == 200
@@ -119,7 +120,7 @@ def test_api_metrics_count_requests_by_route_template(fleet: Fleet) -> None:
         assert c.get("/no/such/path").status_code == 404
         assert c.post("/v1/jobs", json={"texts": []}).status_code == 422
         assert c.post("/v1/jobs", json={"texts": ["x" * 1000] * 100}).status_code == 413  # refused before routing
-    after = scrape(url + "/metrics")
+    after = scrape(fleet.api_metrics)
 
     def d(name: str, **labels: str) -> float:
         return delta(before, after, name, **labels)
@@ -179,7 +180,7 @@ def idle_queue(redis_server: RedisServer, session_tmp: Path) -> Iterator[dict[st
 
     url = redis_server.flush(IDLE_DB)
     api, api_url = start_api(session_tmp, url, name="obs-idle-api")
-    yield {"url": api_url, "redis_url": url, "client": redis.Redis.from_url(url)}
+    yield {"url": api_url, "metrics": api_metrics(api), "redis_url": url, "client": redis.Redis.from_url(url)}
     api.stop()
 
 
@@ -207,7 +208,7 @@ def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue:
         queue = conn.SimpleQueue(contract.QUEUE)
         message = queue.get(timeout=5)  # delivered, not acknowledged: kombu moves it to `unacked`
         assert message.headers["task"] == contract.SCORE_TASK
-        samples = scrape(idle_queue["url"] + "/metrics")
+        samples = scrape(idle_queue["metrics"])
         assert value(samples, "toxfleet_queue_depth") == 3
         assert value(samples, "toxfleet_queue_unacked") == 1
         assert value(samples, "toxfleet_workers") == 0
@@ -234,30 +235,54 @@ def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue:
 
 def test_metrics_answer_while_redis_is_down(session_tmp: Path) -> None:
     """/metrics still answers when Redis does not: broker_up 0 and no queue numbers (NaN)."""
-    api, url = start_api(session_tmp, f"redis://127.0.0.1:{free_port()}/0", name="obs-noredis-api",
-                         TOXFLEET_REDIS_TIMEOUT="0.3")
+    api, _ = start_api(session_tmp, f"redis://127.0.0.1:{free_port()}/0", name="obs-noredis-api",
+                       TOXFLEET_REDIS_TIMEOUT="0.3")
     try:
-        samples = scrape(url + "/metrics")
+        samples = scrape(api_metrics(api))
     finally:
         api.stop()
     assert value(samples, "toxfleet_broker_up") == 0
     assert value(samples, "toxfleet_queue_depth") != value(samples, "toxfleet_queue_depth")  # NaN
 
 
-def test_metrics_stay_open_with_api_keys_and_can_be_switched_off(redis_server: RedisServer,
-                                                                  session_tmp: Path) -> None:
-    """With API keys on, /metrics answers without a key (a scraper has none) while jobs need one;
-    TOXFLEET_METRICS_ENABLED=false removes /metrics (404)."""
+def test_metrics_are_served_on_their_own_port_only(redis_server: RedisServer, session_tmp: Path) -> None:
+    """The API's public port answers /metrics with 404 (it never serves them, so a load balancer
+    forwarding that port cannot expose them); its metrics port serves them, without a key even with
+    API keys on (a scraper has none) while jobs need one. TOXFLEET_API_METRICS_PORT=0: no listener."""
     url = redis_server.db_url(IDLE_DB)
     api, base = start_api(session_tmp, url, name="obs-keys-api", TOXFLEET_API_KEYS="k" * 20)
     try:
+        public = httpx.get(base + "/metrics", timeout=5)
+        assert public.status_code == 404 and public.headers["content-type"] == "application/problem+json"
         assert httpx.post(base + "/v1/jobs", json={"texts": ["x"]}, timeout=5).status_code == 401
-        samples = scrape(base + "/metrics")
+        samples = scrape(api_metrics(api))
         assert value(samples, "toxfleet_http_requests_total", route="/v1/jobs", method="POST", status="401") == 1
+        assert value(samples, "toxfleet_http_requests_total", route="unmatched", method="GET", status="404") == 1
+        assert value(samples, "toxfleet_broker_up") == 1
     finally:
         api.stop()
-    api, base = start_api(session_tmp, url, name="obs-off-api", TOXFLEET_METRICS_ENABLED="false")
+    assert f"serving Prometheus metrics on {api_metrics(api)}" in api.output()
+    api, base = start_api(session_tmp, url, name="obs-off-api", TOXFLEET_API_METRICS_PORT="0")
     try:
         assert httpx.get(base + "/metrics", timeout=5).status_code == 404
     finally:
         api.stop()
+    assert "Prometheus" not in api.output()
+
+
+def test_api_refuses_to_start_when_its_metrics_port_is_taken(session_tmp: Path) -> None:
+    """A second API process on the same metrics port (`uvicorn --workers 2`, a stray process) does not
+    start without its metrics: it exits at once, naming the setting."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = Proc("obs-taken-api", [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1",
+                                      "--port", str(free_port())],
+                    base_env(f"redis://127.0.0.1:{free_port()}/0", None, TOXFLEET_API_METRICS_PORT=str(port)),
+                    session_tmp / "obs-taken-api.log").start()
+        try:
+            assert proc.proc is not None and proc.proc.wait(30) != 0
+        finally:
+            proc.stop()
+    assert "TOXFLEET_API_METRICS_PORT: cannot serve metrics on 127.0.0.1:" in proc.output()

@@ -60,12 +60,13 @@ def test_persistent_broker_keeps_queued_messages_across_a_restart(tmp_path: Path
 
 @pytest.mark.slow
 def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
-    api_port, flower_port, redis_port = free_port(), free_port(), free_port()
+    api_port, flower_port, redis_port, metrics_port = free_port(), free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
     env.update(VENV=sys.prefix, REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", API_PORT=str(api_port),
                FLOWER_PORT=str(flower_port), REDIS_DIR=str(tmp_path / "redis"), HF_HUB_OFFLINE="1",
                TOXFLEET_CHECKPOINT=str(tiny_checkpoint[0]), TOXFLEET_HF_CONFIG=str(tiny_checkpoint[1]),
-               TOXFLEET_CONCURRENCY="1", TOXFLEET_METRICS_PORT="0", FLOWER_BASIC_AUTH="u:p",
+               TOXFLEET_CONCURRENCY="1", TOXFLEET_METRICS_PORT="0", TOXFLEET_API_METRICS_PORT=str(metrics_port),
+               FLOWER_BASIC_AUTH="u:p",
                # A private export root: the decision run.sh's prepare writes must not make every later
                # test's worker on the shared tiny checkpoint run the backend chosen here.
                TOXFLEET_EXPORT_DIR=str(tmp_path / "exports"),
@@ -87,6 +88,9 @@ def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path
         job = httpx.get(api + submitted.headers["location"], params={"wait": 30}, timeout=40).json()
         assert job["status"] == "succeeded", job
         assert 0.0 <= job["results"][0]["toxicity"] <= 1.0
+        # Metrics on their own listener, on loopback as the API is under `make run`; none on the API's port.
+        assert httpx.get(api + "/metrics", timeout=5).status_code == 404
+        assert "toxfleet_jobs_submitted_total 1.0" in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         assert "Valkey server" in log.read_text(), log.read_text()
         assert any((tmp_path / "redis").iterdir()), "the broker keeps no data in REDIS_DIR"
     finally:

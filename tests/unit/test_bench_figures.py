@@ -227,3 +227,27 @@ def test_report_flags_a_disturbed_run() -> None:
     assert report._disturbance({"models": {"m": model(0.05)}}) == []
     banner = report._disturbance({"models": {"m": model(1.2)}})
     assert "Disturbed run" in banner[0] and "1.20 cores" in banner[0]
+
+
+def test_lanes_ratio_is_taken_per_repeat_and_judged_on_its_median() -> None:
+    """bench.lanes divides each repeat's backfill p99 by the same repeat's idle p99 (never figures of
+    different repeats), reports median and range over repeats, and judges the target on the median."""
+    from bench.lanes import render, summary
+
+    def phase(p50: float, p99: float, **extra: Any) -> dict[str, Any]:
+        return {"p50": p50, "p99": p99, "jobs_per_s": 10.0, "backlog_at_edges": [40, 35],
+                "outcomes": {"ok": 9, "timeout": 1}, **extra}
+
+    repeats = [{"idle": phase(0.1, 0.2), "backfill": phase(0.2, 0.3, bulk_texts_per_s=50.0)},
+               {"idle": phase(0.1, 0.4), "backfill": phase(0.2, 1.0, bulk_texts_per_s=60.0)},
+               {"idle": phase(0.1, 0.3), "backfill": phase(0.2, 0.45, bulk_texts_per_s=55.0)}]
+    s = summary(repeats)
+    assert s["p99_ratios"] == pytest.approx([1.5, 2.5, 1.5])
+    assert s["p99_ratio"]["median"] == pytest.approx(1.5) and s["p99_ratio"]["high"] == pytest.approx(2.5)
+    assert s["met"] is True
+    assert s["bulk_texts_per_s"]["median"] == 55.0
+    config = {"model": "tiny", "backend": "torch", "concurrency": 2, "clients": 10, "repeats": 3}
+    text = render({"config": config, "repeats": repeats, "summary": s})
+    assert "median **1.50x** (target <= 2x: met)" in text and "| 2. backfill | 200 ms | 1000 ms | 10.0 | 1 |" in text
+    repeats[0]["backfill"]["p99"] = repeats[2]["backfill"]["p99"] = 0.9
+    assert summary(repeats)["met"] is False
