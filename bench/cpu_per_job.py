@@ -76,7 +76,8 @@ QUIET_LOG_CONFIG = {
     "version": 1, "disable_existing_loggers": False,
     "loggers": {name: {"level": "WARNING"} for name in ("api", "toxfleet", "uvicorn", "uvicorn.error")},
 }
-"""`--log-config @quiet`: the API's own per-job INFO lines off (`api.main` sets only the root level)."""
+"""`--log-config @quiet`: the API's own INFO lines off (`api.main` sets only the root level; its
+per-job lines have been DEBUG since issue 11's third round, so `warning` now mostly quiets the worker)."""
 
 ROLES = ("api", "worker_main", "pool", "flower", "redis", "loadgen")
 

@@ -3,7 +3,8 @@
 A JSON line carries `time`, `level`, `logger`, `message`, every field passed with `extra=`, and the
 job it concerns: `job_id` (bound to the current request with `bind_job`, or derived from a Celery
 `task_id`) or `job_ids` (passed, or derived from `task_ids`), so that one query on a job id finds
-every line on both tiers. Stdlib only.
+every line on both tiers, and the fields bound to the request with `bind_fields` (uvicorn's access
+line then carries a job's counts without a line of its own). Stdlib only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """Line format of `text` logs (the worker keeps Celery's own in text mode)."""
 
 _job: ContextVar[str | None] = ContextVar("toxfleet_job_id", default=None)
+_fields: ContextVar[dict[str, Any] | None] = ContextVar("toxfleet_log_fields", default=None)
 
 # Attributes every LogRecord has; anything else on a record came from `extra=` (or a formatter such
 # as Celery's TaskFormatter) and is emitted as a field, except uvicorn's copy of the message in colour.
@@ -37,6 +39,12 @@ def bind_job(job_id: str) -> None:
 
 def bound_job() -> str | None:
     return _job.get()
+
+
+def bind_fields(**fields: Any) -> None:
+    """Add `fields` to every later JSON line of the current request (asyncio task or thread), unless
+    a line sets them itself: the API binds a job's counts, so its access line carries them."""
+    _fields.set({**(_fields.get() or {}), **fields})
 
 
 class JsonFormatter(logging.Formatter):
@@ -70,6 +78,8 @@ def _add_job(entry: dict[str, Any]) -> None:
             entry["job_id"] = job_of(task_id)
         elif (bound := _job.get()) is not None:
             entry["job_id"] = bound
+    for key, value in (_fields.get() or {}).items():
+        entry.setdefault(key, value)
     if "job_ids" not in entry and isinstance(entry.get("task_ids"), list | tuple):
         entry["job_ids"] = sorted({job_of(t) for t in entry["task_ids"] if isinstance(t, str)})
 

@@ -91,9 +91,14 @@ class ReadService:
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
         if view.finished:
-            # Logged on each read of a finished job: the API learns that a job finished only when asked.
-            fields = {"status": view.status, "texts": view.total, **({"error": view.error} if view.error else {})}
-            logger.info("job %s %s: texts=%d", job_id, view.status, view.total, extra=fields)
+            # On each read of a finished job (the API learns that a job finished only when asked): the
+            # request's access line carries the outcome; a failure also gets a line, with its error.
+            logs.bind_fields(job_status=view.status, texts=view.total)
+            if view.error:
+                logger.info("job %s %s: texts=%d", job_id, view.status, view.total,
+                            extra={"status": view.status, "texts": view.total, "error": view.error})
+            else:
+                logger.debug("job %s %s: texts=%d", job_id, view.status, view.total)
         return view
 
     async def _manifest(self, job_id: str, owner: str | None = None) -> dict[str, Any]:

@@ -45,7 +45,8 @@ def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
 FLEET_DB, IDLE_DB = 4, 5
 # Score cache off: the counts below assume every job reaches the worker, and the tests resubmit the
 # same texts, which the cache would answer (its metrics are tested in test_bulk.py).
-FLEET = FleetSpec("obs", db=FLEET_DB, worker_env={"TOXFLEET_LOG_FORMAT": "json", "TOXFLEET_CACHE": "false"},
+FLEET = FleetSpec("obs", db=FLEET_DB, access_log=True,
+                  worker_env={"TOXFLEET_LOG_FORMAT": "json", "TOXFLEET_CACHE": "false"},
                   api_env={"TOXFLEET_LOG_FORMAT": "json", "TOXFLEET_MAX_BODY_BYTES": str(64 * 1024),
                            "TOXFLEET_CACHE": "false"})
 
@@ -154,9 +155,11 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 
 def test_json_logs_carry_the_job_ids_on_both_tiers(fleet: Fleet) -> None:
-    """With TOXFLEET_LOG_FORMAT=json every line both processes write is JSON, and the API's submit and
-    finish lines and the worker's batch lines name the jobs they concern."""
-    ids = set(_run_jobs(fleet.url, [2, 18])[0])
+    """With TOXFLEET_LOG_FORMAT=json every line both processes write is JSON; the API's access lines of
+    the submits carry each job's id and counts, those of the reads its outcome, and the worker's batch
+    lines name the jobs they concern."""
+    (small, large), messages = _run_jobs(fleet.url, [2, 18])
+    ids = {small, large}
     wait_for(lambda: ids <= {j for e in _json_lines(fleet.worker.output()) for j in e.get("job_ids", [])},
              10, "worker batch lines")
     worker_lines = _json_lines(fleet.worker.output())
@@ -165,9 +168,12 @@ def test_json_logs_carry_the_job_ids_on_both_tiers(fleet: Fleet) -> None:
     assert any("ready" in e["message"] for e in worker_lines)
 
     api_lines = _json_lines(fleet.api.output())
-    submitted = {e["job_id"] for e in api_lines if "submitted" in e["message"]}
-    finished = {e["job_id"] for e in api_lines if e.get("status") == "succeeded"}
-    assert ids <= submitted and ids <= finished
+    access = [e for e in api_lines if e["logger"] == "uvicorn.access" and e.get("job_id") in ids]
+    submitted = {(e["job_id"], e["texts"], e["messages"])
+                 for e in access if (e["method"], e["status"]) == ("POST", 202)}
+    assert submitted == {(small, 2, 1), (large, 18, messages - 1)}
+    finished = {e["job_id"] for e in access if e["method"] == "GET" and e.get("job_status") == "succeeded"}
+    assert finished == set(ids)
     assert any(e["logger"].startswith("uvicorn") for e in api_lines)
 
 

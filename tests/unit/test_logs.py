@@ -58,6 +58,23 @@ def test_bound_job_tags_lines_of_the_current_context_only() -> None:
     assert contextvars.copy_context().run(lambda: _format("explicit", job_id="d" * 32))["job_id"] == "d" * 32
 
 
+def test_bound_fields_join_later_lines_of_the_context_without_overriding_theirs() -> None:
+    """bind_fields adds its fields to later lines in the same context (uvicorn's access line included),
+    never over a field the line sets itself (the access line's HTTP `status`), and not elsewhere."""
+
+    def bound() -> tuple[dict[str, object], dict[str, object]]:
+        logs.bind_fields(texts=3)
+        logs.bind_fields(messages=1, status="succeeded")
+        access = _format('%s - "%s %s HTTP/%s" %d', "1.2.3.4:5", "POST", "/v1/jobs", "1.1", 202,
+                         name="uvicorn.access")
+        return _format("inside"), access
+
+    inside, access = contextvars.copy_context().run(bound)
+    assert (inside["texts"], inside["messages"], inside["status"]) == (3, 1, "succeeded")
+    assert (access["texts"], access["messages"], access["status"]) == (3, 1, 202)
+    assert "texts" not in _format("outside")
+
+
 def test_uvicorn_access_line_gets_fields_and_exceptions_are_kept() -> None:
     """uvicorn's access args become fields; a traceback is one JSON string; odd values are stringified."""
     entry = _format('%s - "%s %s HTTP/%s" %d', "1.2.3.4:5", "GET", "/v1/jobs/x", "1.1", 200, name="uvicorn.access")
