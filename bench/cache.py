@@ -34,6 +34,7 @@ from typing import Any
 import redis
 
 from testing import RedisServer, base_env, free_port, start_api, start_worker
+from testing.processes import reap_on_term
 from toxfleet import cache as score_cache
 from toxfleet import keys
 from toxfleet.corpus import CommentCorpus
@@ -64,6 +65,7 @@ def _summary(rates: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_on_term()  # a killed run (timeout, kill) takes its servers with it
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=Path("models/unbiased-small/model.ckpt"))
     parser.add_argument("--hf", type=Path, default=None, help="HF config dir (default: next to the checkpoint)")

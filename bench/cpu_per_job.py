@@ -38,6 +38,7 @@ from typing import Any
 from bench import load
 from bench.cpu import process_seconds, process_tree
 from bench.services import ROOT, Service, _bin, free_port, http_json, model_env, start_redis
+from testing.processes import reap_on_term
 from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
 
 
@@ -241,6 +242,7 @@ def load_average(uptime: str) -> float:
 
 
 def main() -> None:
+    reap_on_term()  # a killed run (timeout, kill) takes its servers with it
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="default")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all variants (interleaved)")

@@ -42,6 +42,7 @@ from bench.roofline import usable_cores
 from bench.services import start_redis, start_toxfleet
 from bench.stats import Spread, percentile
 from testing import synthetic_checkpoint
+from testing.processes import reap_on_term
 from toxfleet.contract import BULK
 from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
 from toxfleet.queue import read_backlog
@@ -206,6 +207,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_on_term()  # a killed run (timeout, kill) takes its servers with it
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--model", default="unbiased-small", help="synthetic checkpoint kind (tiny, unbiased-small...)")
     parser.add_argument("--clients", type=int, default=10)

@@ -40,6 +40,7 @@ from bench.profiles import DEFAULT_MODELS, PROFILES, Profile
 from bench.roofline import usable_cores
 from bench.services import ROOT, Service, start_baseline, start_redis, start_toxfleet
 from bench.stats import Spread, distribution
+from testing.processes import reap_on_term
 from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
 from worker.settings import WorkerSettings
 
@@ -305,6 +306,7 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
 
 
 def main(argv: list[str] | None = None) -> None:
+    reap_on_term()  # a killed run (timeout, kill) takes its servers with it
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny checkpoint, seconds per point")
     parser.add_argument("--models", help="comma list of kind[:profile] (default: full: "

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from scripts.redis_server import command
+from testing.processes import track, untrack
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: services import `bench`, `api` and `worker` from there."""
@@ -80,6 +81,7 @@ class Service:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, **(env or {})}, cwd=cwd,
                                     start_new_session=True)
+        track(proc.pid)
         self.procs.append(proc)
         return proc
 
@@ -121,6 +123,7 @@ class Service:
             # Children that outlived their leader (a pool process) are still in its group.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            untrack(proc.pid)
         self.procs.clear()
 
     def __enter__(self) -> Self:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -13,6 +14,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root: children start there, so `-m worker`, `-m api.main` and `-m bench` resolve."""
+
+
+_GROUPS: set[int] = set()
+"""Process groups this process started (each child in a session of its own, so a Ctrl-C at the
+terminal reaches only the test runner) and has not stopped yet."""
+
+
+def track(pid: int) -> None:
+    """Note a child started in its own session; `untrack` it once stopped."""
+    _GROUPS.add(pid)
+
+
+def untrack(pid: int) -> None:
+    _GROUPS.discard(pid)
+
+
+def reap_on_term() -> None:
+    """On SIGTERM, kill every tracked group, then go on as after a Ctrl-C (KeyboardInterrupt: pytest
+    tears its fixtures down). CI's overall `timeout` sends SIGTERM to its process group only; children
+    in sessions of their own would otherwise outlive the run, as daemons holding ports and CPU."""
+    def reap(signum: int, frame: object) -> None:
+        for pgid in list(_GROUPS):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            _GROUPS.discard(pgid)
+        raise KeyboardInterrupt(f"signal {signum}: every child process group killed")
+
+    signal.signal(signal.SIGTERM, reap)
 
 
 def free_port() -> int:
@@ -62,6 +91,7 @@ class Proc:
         self._log = open(self.log, "ab")  # noqa: SIM115 - closed in stop(); the child writes to it meanwhile
         self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        track(self.proc.pid)
         return self
 
     def output(self) -> str:
@@ -84,6 +114,10 @@ class Proc:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        # Whatever is left of its group (a killed worker's pool processes) goes with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        untrack(self.proc.pid)
         self._log.close()
         return self.proc.returncode
 

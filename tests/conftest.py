@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from scripts.redis_server import NoServer, server_binary
-from testing import Fleet, FleetSpec, RedisServer, free_port, start_fleet, synthetic_checkpoint
+from testing import Fleet, FleetSpec, RedisServer, free_port, reap_on_term, start_fleet, synthetic_checkpoint
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # CI's overall timeout sends SIGTERM: the workers, APIs and Flowers the tests started (each in a
+    # session of its own) die with the run, and fixtures tear down as after a Ctrl-C.
+    reap_on_term()
 
 
 @pytest.fixture(scope="session", autouse=True)
