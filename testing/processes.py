@@ -63,17 +63,25 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
-def child_pids(parent: int) -> list[int]:
-    """Pids of a process's direct children (a Celery worker's pool processes), read from /proc."""
-    pids = []
+def _stats() -> list[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every live process."""
+    out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out.append((int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()))
         except OSError:
             continue
-        if int(fields[1]) == parent:
-            pids.append(int(stat.parent.name))
-    return pids
+    return out
+
+
+def child_pids(parent: int) -> list[int]:
+    """Pids of a process's direct children (a Celery worker's pool processes), read from /proc."""
+    return [pid for pid, fields in _stats() if int(fields[1]) == parent]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the processes, zombies aside, in process group `pgid`."""
+    return [pid for pid, fields in _stats() if int(fields[2]) == pgid and fields[0] != "Z"]
 
 
 @dataclass

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from testing import ROOT, wait_for
+from testing.processes import group_members
 
 SCRIPT = textwrap.dedent("""
     import os, sys, time
@@ -28,18 +29,6 @@ SCRIPT = textwrap.dedent("""
     except KeyboardInterrupt as exc:
         print("interrupted:", exc, flush=True)
 """)
-
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
 
 
 def test_sigterm_kills_every_child_group_and_interrupts(tmp_path: Path) -> None:
