@@ -80,6 +80,7 @@ class BatchTask(Task):  # type: ignore[misc]
         # consumer reconnects to the broker, while batches dispatched before that are still running.
         self._buffer: deque[tuple[Request, int]] = deque()
         self._in_flight: dict[str, int] = {}  # batch id -> its estimated tokens
+        self._unaccepted: set[str] = set()  # batches handed to the pool that no process has started
         self._pool: Any = None
 
     def run_batch(self, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -113,6 +114,7 @@ class BatchTask(Task):  # type: ignore[misc]
     # -- consumer side (main process) ---------------------------------------------------------
 
     def Strategy(self, task: BatchTask, app: Any, consumer: Any) -> Callable[..., None]:  # noqa: N802
+        self._forget_discarded()
         self._pool = consumer.pool
         hostname = consumer.hostname
         eventer = consumer.event_dispatcher
@@ -146,6 +148,23 @@ class BatchTask(Task):  # type: ignore[misc]
             self._flush()
 
         return task_message_handler
+
+    def _forget_discarded(self) -> None:
+        """Drop what a lost broker connection took away, when the consumer starts again.
+
+        The pool discards every job it had not yet started (`Consumer.on_close` -> `AsynPool.flush`),
+        and a discarded job's callbacks never fire: left in `_in_flight`, such a batch held its slot
+        for good, and a one-process worker heartbeated, looked ready and never scored again. The
+        buffered requests came from the closed channel, which restored their messages (kombu): they
+        will be delivered again, and their old delivery tags can no longer be acked."""
+        for batch_id in self._unaccepted:
+            self._in_flight.pop(batch_id, None)
+        if self._unaccepted or self._buffer:
+            logger.warning("consumer restarted: %d batches the pool discarded and %d buffered requests "
+                           "dropped; the broker delivers their messages again", len(self._unaccepted),
+                           len(self._buffer))
+        self._unaccepted.clear()
+        self._buffer.clear()
 
     def _is_bulk(self, req: Request) -> bool:
         return (req.delivery_info or {}).get("routing_key") in self.bulk_queues
@@ -190,8 +209,10 @@ class BatchTask(Task):  # type: ignore[misc]
         payload = [{"id": r.id, "args": r.args, "kwargs": r.kwargs, "retries": r.request_dict.get("retries", 0),
                     "sent_at": r.request_dict.get(SENT_AT_HEADER)} for r in batch]
         self._in_flight[batch_id] = tokens
+        self._unaccepted.add(batch_id)
 
         def on_accepted(pid: int, time_accepted: float) -> None:
+            self._unaccepted.discard(batch_id)
             for r in batch:
                 r.worker_pid = pid
                 r.time_start = time() - (monotonic() - time_accepted)
@@ -201,12 +222,14 @@ class BatchTask(Task):  # type: ignore[misc]
 
         def on_return(outcomes: list[dict[str, Any]]) -> None:
             self._in_flight.pop(batch_id, None)
+            self._unaccepted.discard(batch_id)
             for r, outcome in zip(batch, outcomes, strict=True):
                 self._finish(r, outcome)
             self._flush()
 
         def on_error(einfo: ExceptionInfo) -> None:
             self._in_flight.pop(batch_id, None)
+            self._unaccepted.discard(batch_id)
             reason = f"worker process lost while scoring: {einfo.exception!r}"
             logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason,
                          extra={"batch_id": batch_id, "task_ids": [r.id for r in batch]})
