@@ -15,16 +15,14 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 
 from testing import RedisServer, child_pids, start_api, start_worker, wait_for
-from toxfleet.client import Client, Result
+from testing.scoring import BackgroundScore, assert_detoxify_scores
 from toxfleet.corpus import CommentCorpus
 
 RESUME_WITHIN = 30.0
@@ -49,20 +47,11 @@ def test_worker_scores_on_after_a_cut_while_a_batch_waits_for_a_process(
     api, url = start_api(tmp_path, bare_redis.url, name="cut-api")
     assert worker.proc is not None
     texts = CommentCorpus(31).texts(1500)
-    out: dict[str, Any] = {}
-
-    def score() -> None:
-        try:
-            # No stall resubmits: every job must come back through the broker's own redelivery.
-            with Client(url, stall_after=None) as c:
-                out["results"] = c.score(texts, job_size=3, in_flight=8, priority="interactive")
-        except BaseException as exc:  # reported by the assertion below, not lost in the thread
-            out["error"] = exc
-
+    # No stall resubmits: every job must come back through the broker's own redelivery.
+    load = BackgroundScore(url, texts, stall_after=None, job_size=3, in_flight=8, priority="interactive")
     admin = redis.Redis.from_url(bare_redis.url)
-    thread = threading.Thread(target=score)
     try:
-        thread.start()
+        load.start()
         wait_for(lambda: succeeded(admin) >= 20, 60, "the first jobs to finish", interval=0.05)
         # Kill the only pool process: its batch is retried, and the next one is handed to a pool that
         # has no process ready until the replacement has loaded the model. Cut the broker meanwhile.
@@ -71,24 +60,14 @@ def test_worker_scores_on_after_a_cut_while_a_batch_waits_for_a_process(
         time.sleep(0.5)
         before = succeeded(admin)
         admin.client_kill_filter(_type="normal", skipme=True)
-        assert thread.is_alive(), "the load finished before the cut: nothing was shown"
+        assert load.is_alive(), "the load finished before the cut: nothing was shown"
         wait_for(lambda: succeeded(admin) > before, RESUME_WITHIN,
                  "a new result after the cut (the worker stopped scoring)", interval=0.1)
-        thread.join(180)
-        assert not thread.is_alive(), "Client.score did not return"
-        assert "error" not in out, out.get("error")
-        results: list[Result] = out["results"]
-        assert len(results) == len(texts)
-        for start in range(0, len(texts), 500):
-            expected = tiny_detoxify.predict(texts[start: start + 500])
-            for i, r in enumerate(results[start: start + 500]):
-                for label, value in r.scores.items():
-                    assert value == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        assert_detoxify_scores(tiny_detoxify, texts, load.outcome(180))
         assert worker.alive() and api.alive()
         # The cut found a batch waiting for the replacement process (the case shown), whether the kill
         # itself landed on a batch or between two.
         assert re.search(r"consumer restarted: [1-9]\d* batches the pool discarded", worker.output())
     finally:
-        thread.join(0)
         api.stop()
         worker.stop()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from testing import Fleet, FleetSpec, base_env, wait_for
+from testing.scoring import assert_detoxify_scores
 from toxfleet import cache as score_cache
 from toxfleet.client import AsyncClient, Client, InvalidRequest, Result
 from toxfleet.corpus import CommentCorpus
@@ -27,18 +28,6 @@ TOXFLEET = str(Path(sys.executable).parent / "toxfleet")  # the installed consol
 
 
 FLEET = FleetSpec("bulk")
-
-
-def assert_scores(reference: Any, texts: list[str], results: list[dict[str, float]]) -> None:
-    """Each result equals Detoxify.predict on its text to 1e-4 (predicted in batches, as test_e2e does)."""
-    assert len(results) == len(texts)
-    for start in range(0, len(texts), 32):
-        batch = texts[start: start + 32] + [""]  # never a single text: predict then returns lists
-        expected = reference.predict(batch)
-        for i, row in enumerate(results[start: start + 32]):
-            assert set(row) == set(expected)
-            for label, value in row.items():
-                assert value == pytest.approx(expected[label][i], abs=1e-4), (label, batch[i][:40])
 
 
 def scores(results: list[Result]) -> list[dict[str, float]]:
@@ -60,7 +49,7 @@ def test_client_scores_a_large_input_in_order(fleet: Fleet, tiny_detoxify: Any) 
     texts = CommentCorpus(31).texts(150)
     with Client(fleet.url) as c:
         results = c.score(texts, job_size=20, in_flight=4)
-    assert_scores(tiny_detoxify, texts, scores(results))
+    assert_detoxify_scores(tiny_detoxify, texts, scores(results))
     for r in results:
         assert r.labels == {label: v >= 0.5 for label, v in r.scores.items()}
         assert r.flagged == any(r.labels.values())
@@ -78,7 +67,7 @@ def test_async_client_with_request_thresholds(fleet: Fleet, tiny_detoxify: Any) 
             return low, high, await job.wait(timeout=30)
 
     low, high, status = asyncio.run(go())
-    assert_scores(tiny_detoxify, texts, scores(low))
+    assert_detoxify_scores(tiny_detoxify, texts, scores(low))
     assert all(r.labels is not None and r.labels["toxicity"] and r.flagged for r in low)
     assert not any(r.flagged for r in high)
     assert status.status == "succeeded" and status.model == MODEL and status.total == 2
@@ -101,7 +90,7 @@ def test_windows_mode_through_the_fleet(fleet: Fleet, tiny_detoxify: Any) -> Non
     with Client(fleet.url) as c:
         windowed = c.score([long_text, short], long_text="windows")
         truncated = c.score([long_text, short])
-    assert_scores(tiny_detoxify, [long_text, short], scores(truncated))
+    assert_detoxify_scores(tiny_detoxify, [long_text, short], scores(truncated))
     local = Scorer(TorchBackend(tiny_detoxify, MODEL), 1024, 16).score([long_text, short], "windows")[0]
     for got, want in zip(scores(windowed), local, strict=True):
         assert got == pytest.approx(want, abs=1e-4)
@@ -146,7 +135,7 @@ def test_fully_cached_job_succeeds_without_a_worker(fleet: Fleet, tiny_detoxify:
             os.killpg(worker.pid, signal.SIGCONT)
         done = partly.wait(timeout=30)
         assert done.cache_hits == 5
-        assert_scores(tiny_detoxify, [*texts[:5], "never seen before, not cached"], scores(done.results or []))
+        assert_detoxify_scores(tiny_detoxify, [*texts[:5], "never seen before, not cached"], scores(done.results or []))
     stats = score_cache.ScoreCache(fleet.redis.client()).stats()
     assert stats["hits"] >= 25 and stats["entries"] >= 21
     # The same hits in the metrics: the API's for the job it answered alone, the worker's for the rest.
@@ -165,7 +154,7 @@ def test_cache_never_answers_for_another_backend(fleet: Fleet, tiny_detoxify: An
     cache.put(score_cache.namespace(MODEL, "torch", "truncate"), ["planted here"], [planted])
     with Client(fleet.url) as c:
         elsewhere, here = c.score(["planted elsewhere"]), c.score(["planted here"])
-    assert_scores(tiny_detoxify, ["planted elsewhere"], scores(elsewhere))
+    assert_detoxify_scores(tiny_detoxify, ["planted elsewhere"], scores(elsewhere))
     assert here[0].scores == planted
 
 
@@ -206,7 +195,7 @@ def test_cli_resumes_after_interrupt(fleet: Fleet, tiny_detoxify: Any, tmp_path:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == list(range(len(texts)))
     labels = list(tiny_detoxify.class_names)
-    assert_scores(tiny_detoxify, texts, [{k: r[k] for k in labels} for r in rows])
+    assert_detoxify_scores(tiny_detoxify, texts, [{k: r[k] for k in labels} for r in rows])
     assert all(r["flagged"] == any(r[k] >= 0.5 for k in labels) for r in rows)
 
 
@@ -229,7 +218,7 @@ def test_cli_csv_reports_failed_rows(fleet: Fleet, tiny_detoxify: Any, tmp_path:
     assert rows[1]["error"] and rows[1]["tox_toxicity"] == ""
     good = [r for i, r in enumerate(rows) if i != 1]
     assert all(r["error"] == "" and r["flagged"] in ("True", "False") for r in good)
-    assert_scores(tiny_detoxify, [r["body"] for r in good],
+    assert_detoxify_scores(tiny_detoxify, [r["body"] for r in good],
                   [{k: float(r["tox_" + k]) for k in tiny_detoxify.class_names} for r in good])
 
 
@@ -243,7 +232,7 @@ def test_cli_local_mode_needs_no_fleet(tiny_checkpoint: tuple[Path, Path], tiny_
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     labels = list(tiny_detoxify.class_names)
-    assert_scores(tiny_detoxify, texts, [{k: r[k] for k in labels} for r in rows])
+    assert_detoxify_scores(tiny_detoxify, texts, [{k: r[k] for k in labels} for r in rows])
     assert all(r["flagged"] == any(r[k] >= 0.3 for k in labels) for r in rows)
 
 

@@ -12,7 +12,6 @@ import logging
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ import redis
 
 from testing import Proc, RedisServer, base_env, start_api, start_worker, wait_for
 from testing.faults import record
-from toxfleet.client import Client, Result
+from testing.scoring import BackgroundScore, assert_detoxify_scores
+from toxfleet.client import Client
 from toxfleet.corpus import CommentCorpus
 
 pytestmark = pytest.mark.faults
@@ -53,39 +53,22 @@ def test_client_recovers_every_job_when_redis_is_lost(bare_redis: RedisServer, t
     procs: list[Proc] = [worker, api]
     pids = [p.proc.pid for p in procs if p.proc is not None]
     texts = CommentCorpus(21).texts(400)
-    out: dict[str, Any] = {}
-
-    def score() -> None:
-        try:
-            with Client(url, stall_after=60) as c:
-                out["results"] = c.score(texts, job_size=10, in_flight=4)
-        except BaseException as exc:  # reported by the assertion below, not lost in the thread
-            out["error"] = exc
-
+    load = BackgroundScore(url, texts, job_size=10, in_flight=4)
     try:
-        thread = threading.Thread(target=score)
-        thread.start()
+        load.start()
         wait_for(lambda: finished_jobs(bare_redis.url) >= 3, 60, "the first jobs to finish", interval=0.02)
-        assert thread.is_alive(), "the load finished before the fault: nothing was shown"
+        assert load.is_alive(), "the load finished before the fault: nothing was shown"
         bare_redis.kill()
         t0 = time.monotonic()
         bare_redis.start()  # empty: no AOF, no RDB
-        thread.join(300)
+        results = load.outcome(300)
         recovery = time.monotonic() - t0
-        assert not thread.is_alive(), "Client.score did not return"
-        assert "error" not in out, out.get("error")
-        results: list[Result] = out["results"]
         resubmitted = sum("submitted again" in r.getMessage() for r in caplog.records)
         record("redis-lost-client", {"submitted": len(texts), "succeeded": len(results),
                                      "lost": len(texts) - len(results), "duplicated": 0,
                                      "resubmitted_jobs": resubmitted}, recovery)
         assert resubmitted > 0, "no job was lost with Redis: the fault landed after the load"
-        assert len(results) == len(texts)
-        for start in range(0, len(texts), 40):  # in order, and Detoxify's own scores
-            expected = tiny_detoxify.predict(texts[start: start + 40])
-            for i, r in enumerate(results[start: start + 40]):
-                for label, value in r.scores.items():
-                    assert value == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        assert_detoxify_scores(tiny_detoxify, texts, results)  # in order, and Detoxify's own scores
         # Nobody was restarted: the same processes, and they still serve a fresh job.
         assert all(p.alive() for p in procs) and [p.proc.pid for p in procs if p.proc is not None] == pids
         with Client(url) as c:
@@ -120,11 +103,8 @@ def test_cli_recovers_every_row_when_redis_is_lost(bare_redis: RedisServer, tiny
         assert "submitted again" in err  # the client's warning: jobs really were lost and resubmitted
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert [r["id"] for r in rows] == list(range(len(texts)))
-        for start in range(0, len(texts), 40):
-            expected = tiny_detoxify.predict(texts[start: start + 40])
-            for i, row in enumerate(rows[start: start + 40]):
-                for label in expected:
-                    assert row[label] == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        labels = list(tiny_detoxify.class_names)
+        assert_detoxify_scores(tiny_detoxify, texts, [{k: r[k] for k in labels} for r in rows])
         assert worker.alive() and api.alive()
     finally:
         if cli.poll() is None:
@@ -143,40 +123,23 @@ def test_client_rides_through_an_api_kill(bare_redis: RedisServer, tiny_checkpoi
     worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="serves-on", **ONE_AT_A_TIME)
     api, url = start_api(tmp_path, bare_redis.url, name="killed-api")
     texts = CommentCorpus(23).texts(400)
-    out: dict[str, Any] = {}
-
-    def score() -> None:
-        try:
-            with Client(url, stall_after=60) as c:
-                out["results"] = c.score(texts, job_size=10, in_flight=4)
-        except BaseException as exc:  # reported by the assertion below, not lost in the thread
-            out["error"] = exc
-
+    load = BackgroundScore(url, texts, job_size=10, in_flight=4)
     try:
-        thread = threading.Thread(target=score)
-        thread.start()
+        load.start()
         wait_for(lambda: finished_jobs(bare_redis.url) >= 3, 60, "the first jobs to finish", interval=0.02)
-        assert thread.is_alive(), "the load finished before the fault: nothing was shown"
+        assert load.is_alive(), "the load finished before the fault: nothing was shown"
         api.signal(signal.SIGKILL)
         api.stop()  # reaps it
         t0 = time.monotonic()
         api.start()
         wait_for(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, "the API to come back")
         down_s = time.monotonic() - t0
-        thread.join(300)
-        assert not thread.is_alive(), "Client.score did not return"
-        assert "error" not in out, out.get("error")
-        results: list[Result] = out["results"]
+        results = load.outcome(300)
         resubmitted = sum("submitted again" in r.getMessage() for r in caplog.records)
         record("api-kill-9", {"submitted": len(texts), "succeeded": len(results), "lost": len(texts) - len(results),
                               "duplicated": 0, "resubmitted_jobs": resubmitted, "api_down_s": round(down_s, 1)},
                time.monotonic() - t0)
-        assert len(results) == len(texts)
-        for start in range(0, len(texts), 40):  # in order, and Detoxify's own scores
-            expected = tiny_detoxify.predict(texts[start: start + 40])
-            for i, r in enumerate(results[start: start + 40]):
-                for label, value in r.scores.items():
-                    assert value == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        assert_detoxify_scores(tiny_detoxify, texts, results)  # in order, and Detoxify's own scores
         assert worker.alive()
     finally:
         api.stop()

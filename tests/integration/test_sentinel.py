@@ -25,9 +25,10 @@ import pytest
 
 from testing import Proc, start_api, start_flower, start_worker, wait_for
 from testing.faults import ResultObserver, record
+from testing.scoring import BackgroundScore, assert_detoxify_scores
 from testing.sentinel import SentinelGroup
 from toxfleet import keys
-from toxfleet.client import Client, Result
+from toxfleet.client import Client
 from toxfleet.corpus import CommentCorpus
 
 pytestmark = pytest.mark.faults
@@ -108,20 +109,11 @@ def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple
         assert observer.subscribed.wait(10)
         pids = [p.proc.pid for p in procs if p.proc is not None]
         texts = CommentCorpus(31).texts(400)
-        out: dict[str, Any] = {}
-
-        def score() -> None:
-            try:
-                with Client(api_url, stall_after=30) as c:
-                    out["results"] = c.score(texts, job_size=10, in_flight=4)
-            except BaseException as exc:  # reported by the assertion below, not lost in the thread
-                out["error"] = exc
-
-        thread = threading.Thread(target=score)
-        thread.start()
+        load = BackgroundScore(api_url, texts, stall_after=30, job_size=10, in_flight=4)
+        load.start()
         primary = group.master_port()
         wait_for(lambda: finished_jobs(group, primary) >= 4, 60, "the first jobs to finish", interval=0.02)
-        assert thread.is_alive(), "the load finished before the fault: nothing was shown"
+        assert load.is_alive(), "the load finished before the fault: nothing was shown"
 
         group.kill(primary)
         t0 = time.monotonic()
@@ -130,11 +122,8 @@ def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple
         failover_s = group.wait_for_failover(primary)
         assert group.master_port() == group.ports[1]
         probe.join(120)
-        thread.join(240)
+        results = load.outcome(240)
         done_s = time.monotonic() - t0
-        assert not thread.is_alive(), "Client.score did not return"
-        assert "error" not in out, out.get("error")
-        results: list[Result] = out["results"]
         resubmitted = sum("submitted again" in r.getMessage() for r in caplog.records)
         refused = sum(s != 202 for s in probe.statuses)
         seen = f"accepted={probe.accepted_s} scored={probe.scored_s} statuses={Counter(probe.statuses)}"
@@ -147,13 +136,8 @@ def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple
                                   "resubmitted_jobs": resubmitted, "refused_submits": refused}, probe.scored_s)
         print(f"FAILOVER sentinels_promoted_s={failover_s:.2f} api_503_window_s={probe.accepted_s:.2f} "
               f"recovery_s={probe.scored_s:.2f} load_done_s={done_s:.1f}")
-        assert len(results) == len(texts)
         assert duplicated == 0, {t: n for t, n in observer.finals.items() if n > 1}
-        for start in range(0, len(texts), 40):  # in order, and Detoxify's own scores
-            expected = tiny_detoxify.predict(texts[start: start + 40])
-            for i, r in enumerate(results[start: start + 40]):
-                for label, value in r.scores.items():
-                    assert value == pytest.approx(expected[label][i], abs=1e-4), (start + i, label)
+        assert_detoxify_scores(tiny_detoxify, texts, results)  # in order, and Detoxify's own scores
 
         # Nobody was restarted: the same processes serve a fresh job, the worker beats to the new
         # primary (readyz counts it), and Flower still reaches the broker.
