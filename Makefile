@@ -45,13 +45,17 @@ $(MODELS)/%/model.ckpt: | venv
 
 checkpoints: $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 
+## Test processes (pytest-xdist): most tests wait on real processes (redelivery, restarts, outages),
+## so two share 2 cores well; a module's tests stay on one process (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 ## Lint, type-check, check the architecture contract (pyproject's [tool.importlinter]), then the whole
 ## test suite against real Redis, Celery and Flower processes (the fault suite included).
 test: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 ## Only the fault suite (kill -9, SIGTERM, Redis restart and kill -9, poison input), each case run
 ## FAULT_REPEATS times (5; `make test` and CI run each once), then a table per case: lost, duplicated,

@@ -25,6 +25,17 @@ def pytest_configure(config: pytest.Config) -> None:
     reap_on_term()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `make test`'s `pytest-xdist --dist loadgroup`, a module's tests run on one xdist worker,
+    so its module fixtures (a fleet, a checkpoint's Detoxify) start once; a module that sets
+    `SPLIT_ACROSS_WORKERS = True` (independent cases that mostly wait: the fault suite) has its tests
+    shared out one by one instead, so that no single file sets the length of the run."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and not getattr(module, "SPLIT_ACROSS_WORKERS", False):
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_metrics_listener_in_process() -> Iterator[None]:
     """Apps built in this process (`create_app` under TestClient) open no metrics listener: its default

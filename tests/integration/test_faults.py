@@ -55,6 +55,10 @@ pytestmark = pytest.mark.faults
 VISIBILITY = "30"
 """Visibility timeout for these tests, so redelivery after a dead worker takes seconds, not minutes."""
 
+SPLIT_ACROSS_WORKERS = True
+"""Each case starts its own Redis, API and workers and mostly waits (redelivery, restarts): under
+`make test`'s xdist they run side by side (tests/conftest.py)."""
+
 REPEATS = int(os.environ.get("FAULT_REPEATS", "1"))
 """Runs of each case: a fault that passed once proves little (`make test-faults` runs 5)."""
 
@@ -68,7 +72,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def fault_table() -> Iterator[None]:
     """After the module: each case's lost, duplicated and recovery median/max over its runs."""
     yield
-    report(ROOT / "var" / "faults.json")
+    # Under xdist each worker reports the cases it ran (`make test-faults` runs them in one process).
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    report(ROOT / "var" / (f"faults-{worker}.json" if worker else "faults.json"))
 
 
 @pytest.fixture(scope="module")
