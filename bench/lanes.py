@@ -60,7 +60,8 @@ def log(msg: str) -> None:
 
 @dataclass
 class Backfill:
-    """Keeps `jobs` bulk jobs of `texts` each in flight until stopped; counts what finished."""
+    """Keeps `jobs` bulk jobs of `texts` each in flight until stopped; counts the texts scored (from
+    each job's `progress`, so a backfill that advances without finishing a job in a window counts)."""
 
     url: str
     corpus: list[str]
@@ -92,12 +93,16 @@ class Backfill:
                     continue
             job_id = body["id"]
             self.in_flight.add(job_id)
+            counted = 0  # texts of this job already counted: progress counts while the job runs
             while not stop.is_set():
                 async with http.get(f"{self.url}/v1/jobs/{job_id}", params={"wait": "1"}) as resp:
-                    status = (await resp.json(content_type=None)).get("status")
+                    job = await resp.json(content_type=None)
+                status = job.get("status")
+                done = int((job.get("progress") or {}).get("done") or 0)
+                self.done_texts += max(0, done - counted)
+                counted = max(counted, done)
                 if status in ("succeeded", "failed"):
                     self.in_flight.discard(job_id)
-                    self.done_texts += self.texts if status == "succeeded" else 0
                     self.errors += status == "failed"
                     break
 

@@ -48,6 +48,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH_TOKENS = 2048
 """Estimated tokens one pool call takes from the buffer (at least one request)."""
 
+DEFAULT_BULK_BATCH_TOKENS = 512
+"""Estimated tokens one pool call takes when only bulk work waits: about one task message
+(`toxfleet.contract.CHUNK_TOKENS`). A batch is never interrupted, so this bounds how long an
+interactive request that arrives next waits for a process."""
+
 
 def _run_in_pool(task: BatchTask, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # Runs in the pool process, where the model was loaded at process init.
@@ -71,6 +76,7 @@ class BatchTask(Task):  # type: ignore[misc]
     abstract = True
     typing = True
     batch_tokens: int = DEFAULT_BATCH_TOKENS
+    bulk_batch_tokens: int = DEFAULT_BULK_BATCH_TOKENS
     max_retries: int = 2
     bulk_queues: frozenset[str] = frozenset()
     """Queues of low-priority work: buffered behind every request from another queue."""
@@ -181,13 +187,17 @@ class BatchTask(Task):  # type: ignore[misc]
 
     def _take(self, budget: int) -> tuple[list[Request], int]:
         """Requests for one pool call and their estimated tokens: up to `budget` (at least one
-        request); a retried request alone."""
+        request); a retried request alone. A batch never mixes lanes (an interactive request is
+        answered when its whole batch is), and bulk work goes at most `bulk_batch_tokens` at a time."""
+        bulk = bool(self._buffer) and self._is_bulk(self._buffer[0][0])
+        if bulk:
+            budget = min(budget, self.bulk_batch_tokens)
         batch: list[Request] = []
         tokens = 0
         while self._buffer:
             req, cost = self._buffer[0]
             retried = req.request_dict.get("retries", 0) > 0
-            if batch and (retried or tokens + cost > budget):
+            if batch and (retried or tokens + cost > budget or self._is_bulk(req) != bulk):
                 break
             self._buffer.popleft()
             batch.append(req)

@@ -53,6 +53,10 @@ class WorkerSettings(BaseSettings):
     batch_tokens: int = Field(8192, ge=512, le=1_000_000,
                               description="Most estimated tokens a worker process takes from its buffer at once "
                                           "(large batches sort into passes with little padding).")
+    bulk_batch_tokens: int = Field(512, ge=64, le=1_000_000,
+                                   description="Most estimated tokens a process takes at once when only bulk work "
+                                               "waits (about one 512-token message): a batch is not interrupted, "
+                                               "so this bounds an interactive job's wait behind a backfill.")
     prefetch_multiplier: int = Field(16, ge=1, le=10_000,
                                      description="Celery prefetch per process (messages): about one full batch of "
                                                  "512-token messages per process. Higher fills batches of short "

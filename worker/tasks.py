@@ -66,6 +66,7 @@ class ScoreTask(BatchTask):
         # worker's settings, read once like every other (the task object is built at import).
         settings = get_settings()
         self.batch_tokens = settings.batch_tokens
+        self.bulk_batch_tokens = settings.bulk_batch_tokens
         self.max_retries = settings.max_retries
 
     def run(self, texts: list[str], long_text: str = contract.TRUNCATE) -> list[dict[str, float]]:

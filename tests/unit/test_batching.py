@@ -106,3 +106,21 @@ def test_interactive_requests_go_ahead_of_buffered_bulk_ones() -> None:
     assert [r.id for r, _ in task._buffer] == ["i0", "i1", "b0", "b1", "b2"]
     task._flush()
     assert pool.calls == [["i0"]]
+
+
+def test_bulk_work_goes_one_message_at_a_time() -> None:
+    """Only bulk work waiting: a batch takes at most bulk_batch_tokens, so an interactive request that
+    arrives next waits for one short call. Interactive work goes first, in calls of its own."""
+    task, pool = _task(1, batch_tokens=10_000)
+    task.bulk_queues = frozenset({"bulk"})
+    task.bulk_batch_tokens = 250
+    for i in range(6):
+        req = _Request(f"b{i}", [["x"]], delivery_info={"routing_key": "bulk"})
+        task._enqueue(req, 100)  # type: ignore[arg-type]
+    task._flush()
+    assert pool.calls == [["b0", "b1"]]
+    task._in_flight.clear()
+    for i in range(6):
+        task._enqueue(_Request(f"i{i}", [["x"]]), 100)  # type: ignore[arg-type]
+    task._flush()
+    assert pool.calls[1] == [f"i{i}" for i in range(6)]  # ahead of the bulk work, and without it
