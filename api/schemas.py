@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -82,6 +82,20 @@ class Problem(BaseModel):
     status: int
     detail: str
     errors: list[dict[str, object]] | None = Field(None, description="A 422's field errors (`loc`, `msg`, `type`).")
+
+
+def problem_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for a route's error statuses, each an `application/problem+json` Problem.
+    Naming 422 here also replaces FastAPI's own `HTTPValidationError` entry, which is not what a 422 is."""
+    content = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    return {code: {"description": text, "model": Problem, "content": content} for code, text in descriptions.items()}
+
+
+VALIDATION = "`/problems/validation`: a field is missing, mistyped or over a limit (field errors in `errors`)"
+UNAUTHORIZED = "`/problems/unauthorized`: API keys are on: send `Authorization: Bearer <key>`"
+BODY_TOO_LARGE = "`/problems/body-too-large`"
+OVERLOADED = "`/problems/queue-full` or `/problems/rate-limited`; see Retry-After"
+UNAVAILABLE = "`/problems/broker-unavailable` or `/problems/not-replicated`; see Retry-After"
 
 
 class Health(BaseModel):

@@ -51,6 +51,8 @@ def validate(args: Any, kwargs: Any, max_texts: int, max_chars: int) -> list[str
             raise ValueError(f"texts[{i}] is not a string")
         if len(text) > max_chars:
             raise ValueError(f"texts[{i}] has {len(text)} characters > {max_chars}")
+        if not contract.is_unicode(text):
+            raise ValueError(f"texts[{i}] is not valid Unicode: a lone surrogate (U+D800-U+DFFF not in a pair)")
     return texts
 
 

@@ -14,11 +14,22 @@ from api.auth import KeyDep
 from api.deps import ReadDep, SettingsDep, SubmitDep
 from api.errors import ScoringFailed, ScoringTimeout
 from api.routes.jobs import check_texts
+from api.schemas import BODY_TOO_LARGE, OVERLOADED, UNAUTHORIZED, UNAVAILABLE, VALIDATION, problem_responses
 from api.services.read import ReadService
 from api.services.submit import SubmitService
 from api.settings import ApiSettings
 
 router = APIRouter(tags=["compatibility"])
+
+_ERRORS = problem_responses({
+    401: UNAUTHORIZED,
+    413: BODY_TOO_LARGE,
+    422: VALIDATION,
+    429: OVERLOADED,
+    502: "`/problems/scoring-failed`: the job failed in the workers",
+    503: UNAVAILABLE,
+    504: "`/problems/scoring-timeout`: no result within `TOXFLEET_COMPAT_TIMEOUT`; the job goes on",
+})
 
 
 async def _score(texts: list[str], submit: SubmitService, read: ReadService,
@@ -33,7 +44,7 @@ async def _score(texts: list[str], submit: SubmitService, read: ReadService,
     return view.results
 
 
-@router.get("/toxicity")
+@router.get("/toxicity", responses=_ERRORS)
 async def toxicity(q: Annotated[str, Query(description="The text to score.")], submit: SubmitDep, read: ReadDep,
                    settings: SettingsDep, key: KeyDep) -> dict[str, float]:
     """Score one text; returns {label: probability}."""
@@ -41,7 +52,7 @@ async def toxicity(q: Annotated[str, Query(description="The text to score.")], s
     return (await _score([q], submit, read, settings, key))[0]
 
 
-@router.post("/toxicity/batch")
+@router.post("/toxicity/batch", responses=_ERRORS)
 async def toxicity_batch(texts: Annotated[list[str], Body(min_length=1, description="Texts to score.")],
                          submit: SubmitDep, read: ReadDep, settings: SettingsDep,
                          key: KeyDep) -> list[dict[str, float]]:

@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 
 from api.auth import KeyDep
 from api.deps import ReadDep, SettingsDep, SubmitDep
-from api.schemas import JOB_ID_PATTERN, Flags, Job, JobAccepted, JobRequest, Problem, Progress
+from api.schemas import (
+    BODY_TOO_LARGE,
+    JOB_ID_PATTERN,
+    OVERLOADED,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    VALIDATION,
+    Flags,
+    Job,
+    JobAccepted,
+    JobRequest,
+    Progress,
+    problem_responses,
+)
 from api.services.read import JobView
 from api.settings import ApiSettings
+from toxfleet import contract
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_PROBLEM = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"description": text, "model": Problem, "content": _PROBLEM} for code, text in {
-        401: "`/problems/unauthorized`: API keys are on: send `Authorization: Bearer <key>`",
-        404: "`/problems/not-found`: unknown, expired or deleted job",
-        413: "`/problems/body-too-large`",
-        429: "`/problems/queue-full` or `/problems/rate-limited`; see Retry-After",
-        503: "`/problems/broker-unavailable` or `/problems/not-replicated`; see Retry-After",
-    }.items()
-}
+_ERRORS = problem_responses({
+    401: UNAUTHORIZED,
+    404: "`/problems/not-found`: unknown, expired or deleted job",
+    413: BODY_TOO_LARGE,
+    422: VALIDATION + ", or `/problems/idempotency-mismatch`",
+    429: OVERLOADED,
+    503: UNAVAILABLE,
+})
 
 
 def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = ("body", "texts")) -> None:
@@ -37,6 +49,11 @@ def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = 
             raise RequestValidationError([{"type": "string_too_long", "loc": (*loc, i), "input": len(text),
                                            "msg": f"at most {settings.max_text_chars} characters per text, "
                                                   f"got {len(text)}"}])
+        if not contract.is_unicode(text):
+            raise RequestValidationError([{"type": "string_unicode", "loc": (*loc, i), "input": None,
+                                           "msg": "not valid Unicode: contains a lone surrogate "
+                                                  "(U+D800-U+DFFF not in a pair)"}])
+
 
 
 def to_job(view: JobView) -> Job:
