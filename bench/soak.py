@@ -6,7 +6,8 @@ It starts a private Redis (AOF, as shipped), the API and two workers (`--concurr
 each) on a synthetic checkpoint, measures the fleet's capacity with a short closed loop, then offers
 `--load` (80 %) of it as an open loop of jobs of mixed sizes (1, 4 or 16 texts) through the official
 client, while a bulk backfill (`Client.score` over `--backfill` texts) runs alongside from a third of
-the way in, and a worker is killed -9 every `--kill-every` seconds and replaced. Every 5 s it samples
+the way in, and a worker is killed -9 every `--kill-every` seconds and replaced (always the second
+worker: the first, w0, lives through the whole run, so its RSS slope covers all of it). Every 5 s it samples
 each worker process's RSS and Redis's memory and key count. At the end it reports, to stdout and
 var/soak.json, with plots in docs/soak-*.png:
 
@@ -258,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             while soak.now() < seconds:
                 time.sleep(1)
                 if soak.now() >= next_kill and soak.now() < seconds - 20:
-                    victim = workers.pop(0)
+                    # Always the second slot: w0 lives the whole run, so its RSS slope spans it.
+                    victim = workers.pop(1)
                     assert victim.proc is not None
                     os.killpg(victim.proc.pid, signal.SIGKILL)
                     soak.kills.append(soak.now())
