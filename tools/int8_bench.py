@@ -272,15 +272,18 @@ def onnx_variants(model: Any, tokenizer: Any, directory: Path,
         return OrtModel(fp32()), _nothing
 
     def dynamic() -> tuple[Any, Callable[[], Any]]:
+        from worker.exports.artifacts import PER_TENSOR, Int8Recipe
         from worker.exports.build import quantize_int8
 
-        quantize_int8(fp32(), directory / "dynamic-int8.onnx")
+        quantize_int8(fp32(), directory / "dynamic-int8.onnx", Int8Recipe(activations=PER_TENSOR, smooth_alpha=None))
         return OrtModel(directory / "dynamic-int8.onnx"), _nothing
 
-    def rowwise(alpha: float | None) -> Callable[[], tuple[Any, Callable[[], Any]]]:
+    def rowwise(alpha: float | None, keep: Sequence[str] = (), unsigned_gelu: bool = False
+                ) -> Callable[[], tuple[Any, Callable[[], Any]]]:
         def make() -> tuple[Any, Callable[[], Any]]:
-            out = directory / f"rowwise-{alpha}.onnx"
-            counts = onnx_rowwise.rowwise_int8(fp32(), out, None if alpha is None else calibrated(), alpha)
+            out = directory / f"rowwise-{alpha}-{'-'.join(keep) or 'all'}{'-ugelu' if unsigned_gelu else ''}.onnx"
+            counts = onnx_rowwise.rowwise_int8(fp32(), out, None if alpha is None else calibrated(), alpha, keep,
+                                               unsigned_gelu)
             print(f"  rowwise rewrite: {counts}", flush=True)
             return OrtModel(out), _nothing
         return make
@@ -299,12 +302,63 @@ def onnx_variants(model: Any, tokenizer: Any, directory: Path,
         quantizer.model.save_model_to_file(str(out))
         return OrtModel(out), _nothing
 
+    def static_qdq() -> tuple[Any, Callable[[], Any]]:
+        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+        batches = iter(feeds())
+
+        class Reader(CalibrationDataReader):  # type: ignore[misc]
+            def get_next(self) -> dict[str, np.ndarray] | None:
+                return next(batches, None)
+
+        out = directory / "static-qdq.onnx"
+        quantize_static(str(fp32()), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul"])
+        return OrtModel(out), _nothing
+
     return {"onnx fp32": plain, "onnx-int8 (dynamic, per-tensor activations)": dynamic,
+            "onnx static int8 QDQ (MinMax calibrated, per-channel)": static_qdq,
             "onnx rowwise int8 (MatMulInteger, per-row)": rowwise(None),
             "onnx rowwise int8 + SmoothQuant a=0.5": rowwise(0.5),
             "onnx rowwise int8 + SmoothQuant a=0.65": rowwise(0.65),
             "onnx rowwise int8 + SmoothQuant a=0.8": rowwise(0.8),
+            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out": rowwise(0.5, (), True),
+            "onnx rowwise int8 + uint8 GELU-out (no SmoothQuant)": rowwise(None, (), True),
+            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out, QKV fp32": rowwise(0.5, ("qkv",), True),
+            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out, FFN-in fp32": rowwise(0.5, ("ffn-in",), True),
             "onnx MatMulNBits 8-bit blk32, int8 compute (acc 4)": nbits8}
+
+
+def onnx_role_search(fp32: Path, directory: Path, alpha: float | None, act_max: dict[str, np.ndarray] | None,
+                     scores_of: Callable[[Any], list[list[float]]], reference: Sequence[Sequence[float]]
+                     ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Greedy mixed precision over MatMul roles (`worker.exports.rowwise.ROLES`): start with every role
+    in fp32, then move to int8, one at a time, the role whose move keeps the gate passing with the
+    smallest p99 error; stop when no move passes. Returns the roles left in fp32 and the trace."""
+    import onnx
+
+    from worker.exports import rowwise as onnx_rowwise
+
+    present = sorted(set(onnx_rowwise.matmul_roles(onnx.load(str(fp32)).graph).values()))
+    keep = list(present)
+    trace: list[dict[str, Any]] = []
+    while keep:
+        trials = {}
+        for role in keep:
+            trial = [r for r in keep if r != role]
+            out = directory / f"search-{'-'.join(trial) or 'none'}.onnx"
+            onnx_rowwise.rowwise_int8(fp32, out, act_max, alpha, trial)
+            c = compare(reference, scores_of(OrtModel(out)))
+            trials[role] = c
+            trace.append({"fp32": trial, "max_abs": c.max_abs, "p99_abs": c.p99_abs, "flips": c.flip_fraction,
+                          "spearman": c.min_spearman, "passed": c.within(REDUCED_BUDGET)})
+            print(f"  search: fp32 {trial}: {trace[-1]}", flush=True)
+        passing = [r for r, c in trials.items() if c.within(REDUCED_BUDGET)]
+        if not passing:
+            break
+        keep.remove(min(passing, key=lambda r: trials[r].p99_abs))
+    return keep, trace
 
 
 def variants(model: Any, calibration: Callable[[], dict[str, torch.Tensor]]
@@ -375,12 +429,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed-texts", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true")
+    parser.add_argument("--gate-only", action="store_true", help="fidelity triage: skip the timing")
     parser.add_argument("--only", default="", help="comma-separated substrings of variant names to run")
     parser.add_argument("--search", action="store_true", help="also run the greedy mixed-precision search")
     parser.add_argument("--search-texts", type=int, default=256,
                         help="gate texts the greedy search ranks and tries plans on (the plan found is then "
                              "judged on every gate text)")
     parser.add_argument("--search-max-kept", type=int, default=None)
+    parser.add_argument("--onnx-search", metavar="ALPHA", help="also run the greedy search over ONNX MatMul roles "
+                        "kept fp32, per-row int8 with SmoothQuant ALPHA (or 'none')")
     parser.add_argument("--gate-threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, help="where the cached reference scores and the ONNX variants' "
                         "graphs go (default: next to the checkpoint)")
@@ -467,8 +524,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.scores_dir.mkdir(parents=True, exist_ok=True)
                 dump = {"variant": name, "scores": scores}
                 (args.scores_dir / f"{len(results):02d}.json").write_text(json.dumps(dump))
-        torch.set_num_threads(1)
-        row.update(speed_row(speed, m, context, args.repeats, lin_flops, att_flops))
+        if not args.gate_only:
+            torch.set_num_threads(1)
+            row.update(speed_row(speed, m, context, args.repeats, lin_flops, att_flops))
         results.append(row)
         print(json.dumps(row), flush=True)
 
@@ -497,6 +555,27 @@ def main(argv: list[str] | None = None) -> int:
             row["plan"] = plan.keep_bf16 or plan.keep_fp32
             results.append(row)
             print(json.dumps(row), flush=True)
+    if args.onnx_search is not None and reference is not None:
+        from worker.exports import rowwise as onnx_rowwise
+
+        torch.set_num_threads(args.gate_threads)
+        alpha = None if args.onnx_search == "none" else float(args.onnx_search)
+        fp32 = onnx_fp32(model, tokenizer, onnx_dir)
+        act_max = None if alpha is None else onnx_rowwise.activation_maxima(fp32, feeds())
+        started = time.perf_counter()
+        kept, trace = onnx_role_search(fp32, onnx_dir, alpha, act_max, lambda m: gate.score(m, _nothing), reference)
+        print(f"onnx role search (SmoothQuant {alpha}): {time.perf_counter() - started:.0f} s, fp32 roles {kept}",
+              flush=True)
+        out = onnx_dir / "search-result.onnx"
+        onnx_rowwise.rowwise_int8(fp32, out, act_max, alpha, kept)
+        m = OrtModel(out)
+        row = {"variant": f"onnx rowwise int8 + SmoothQuant a={alpha}, greedy roles, fp32: {', '.join(kept) or 'none'}"}
+        row.update(gate_row(reference, gate.score(m, _nothing)))
+        torch.set_num_threads(1)
+        row.update(speed_row(speed, m, _nothing, args.repeats, lin_flops, att_flops))
+        row["search_trace"] = trace
+        results.append(row)
+        print(json.dumps(row), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -34,6 +34,9 @@ INT8_MAX = 127
 
 ZERO_POINT = 128
 
+GELU_FLOOR = 0.1701
+"""A little over -min GELU(x) (0.16997, at x = -0.75; the tanh form's is the same to 1e-4)."""
+
 
 def linear_matmuls(graph: Any) -> list[Any]:
     """MatMul nodes whose right input is a 2-D float initializer: the model's Linear layers (attention's
@@ -41,6 +44,47 @@ def linear_matmuls(graph: Any) -> list[Any]:
     inits = {i.name: i for i in graph.initializer}
     return [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in inits
             and len(inits[n.input[1]].dims) == 2 and inits[n.input[1]].data_type == 1]
+
+
+ROLES = ("qkv", "attention-output", "ffn-in", "ffn-out", "other")
+"""What a Linear MatMul does in a transformer layer (`matmul_roles`): a mixed-precision recipe keeps
+whole roles in fp32."""
+
+
+def matmul_roles(graph: Any) -> dict[str, str]:
+    """Per Linear MatMul (by output name), its role, from the graph's structure alone: three MatMuls
+    reading one tensor are Q, K and V; one reading a Gelu is the FFN output; one feeding a Gelu is the
+    FFN input; one reading attention's context (a Reshape) is the attention output."""
+    nodes = linear_matmuls(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in nodes:
+        readers[n.input[0]] = readers.get(n.input[0], 0) + 1
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+
+    def feeds_gelu(name: str, depth: int = 2) -> bool:
+        """Whether `name` reaches a Gelu within `depth` nodes (the bias Add may sit between)."""
+        return any("Gelu" in c.op_type or (depth > 1 and c.op_type == "Add" and feeds_gelu(c.output[0], depth - 1))
+                   for c in consumers.get(name, []))
+
+    roles = {}
+    for n in nodes:
+        source = producer.get(n.input[0])
+        if readers[n.input[0]] == 3:
+            role = "qkv"
+        elif source is not None and "Gelu" in source.op_type:
+            role = "ffn-out"
+        elif feeds_gelu(n.output[0]):
+            role = "ffn-in"
+        elif source is not None and source.op_type in ("Reshape", "Transpose"):
+            role = "attention-output"
+        else:
+            role = "other"
+        roles[n.output[0]] = role
+    return roles
 
 
 def activation_maxima(model_path: Path, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -109,9 +153,13 @@ def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = None,
-                 alpha: float | None = None) -> dict[str, int]:
+                 alpha: float | None = None, keep_fp32: Sequence[str] = (), unsigned_gelu: bool = False
+                 ) -> dict[str, int]:
     """Write `dst`: `src` with every Linear MatMul in per-row int8 (SmoothQuant with `alpha` when
-    `act_max`, from `activation_maxima`, is given). Returns counts of what was rewritten."""
+    `act_max`, from `activation_maxima`, is given), except those whose role (`matmul_roles`) is in
+    `keep_fp32`. With `unsigned_gelu`, a MatMul reading a Gelu (the FFN output) quantizes x + 0.1701
+    (GELU's output is >= -0.17) per row to uint8 0..255 (twice the resolution of symmetric int8) and
+    subtracts the shift's product, a constant per column. Returns counts of what was rewritten."""
     import onnx  # heavy optional dependency: only the export needs it
     from onnx import TensorProto, helper, numpy_helper
 
@@ -120,7 +168,11 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     model = onnx.load(str(src))
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    nodes = linear_matmuls(graph)
+    unknown = sorted(set(keep_fp32) - set(ROLES))
+    if unknown:
+        raise ValueError(f"unknown MatMul roles {unknown}; known: {ROLES}")
+    roles = matmul_roles(graph)
+    nodes = [n for n in linear_matmuls(graph) if roles[n.output[0]] not in keep_fp32]
     new_inits: list[Any] = []
     consts: dict[str, str] = {}
 
@@ -134,6 +186,8 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     zp = const("rowwise_zp", np.array(ZERO_POINT, np.uint8))
     inv127 = const("rowwise_inv127", np.array(1.0 / INT8_MAX, np.float32))
     tiny = const("rowwise_tiny", np.array(1e-12, np.float32))
+    inv255 = const("rowwise_inv255", np.array(1.0 / 255, np.float32))
+    zero = const("rowwise_zero", np.array(0, np.uint8))
     last_axis = const("rowwise_last_axis", np.array([-1], np.int64))
     replaced: dict[str, list[Any]] = {}  # MatMul output -> the nodes replacing it
     quantized_weights: dict[str, tuple[str, str]] = {}
@@ -150,6 +204,12 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
         for node in group:
             out: list[Any] = []
             x = node.input[0]
+            shifted = unsigned_gelu and roles[node.output[0]] == "ffn-out"
+            shift: np.ndarray | None = None
+            if shifted:
+                shift = np.full(inits[node.input[1]].dims[0], GELU_FLOOR, np.float32)
+                if smooth is not None:
+                    shift = (shift / smooth).astype(np.float32)
             if x not in row_quant:
                 p = f"rowwise_{len(row_quant)}"
                 source = x
@@ -157,6 +217,16 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                     inv = const(f"{p}_inv_smooth", (1.0 / smooth).astype(np.float32))
                     out.append(helper.make_node("Mul", [x, inv], [f"{p}_xs"], name=f"{p}_smooth"))
                     source = f"{p}_xs"
+            if x not in row_quant and shift is not None:
+                out += [helper.make_node("Add", [source, const(f"{p}_shift", shift)], [f"{p}_xp"], name=f"{p}_shift"),
+                        helper.make_node("ReduceMax", [f"{p}_xp", last_axis], [f"{p}_max"], name=f"{p}_rmax",
+                                         keepdims=1),
+                        helper.make_node("Mul", [f"{p}_max", inv255], [f"{p}_r0"], name=f"{p}_r0"),
+                        helper.make_node("Max", [f"{p}_r0", tiny], [f"{p}_r"], name=f"{p}_r"),
+                        helper.make_node("Div", [f"{p}_xp", f"{p}_r"], [f"{p}_xn"], name=f"{p}_xn"),
+                        helper.make_node("QuantizeLinear", [f"{p}_xn", one, zero], [f"{p}_q"], name=f"{p}_q")]
+                row_quant[x] = (f"{p}_q", f"{p}_r")
+            elif x not in row_quant:
                 out += [helper.make_node("Abs", [source], [f"{p}_abs"], name=f"{p}_abs"),
                         helper.make_node("ReduceMax", [f"{p}_abs", last_axis], [f"{p}_max"], name=f"{p}_rmax",
                                          keepdims=1),
@@ -175,10 +245,20 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                 quantized_weights[w] = (const(f"{w}_rowwise_q", wq), const(f"{w}_rowwise_scale", ws))
             wq_name, ws_name = quantized_weights[w]
             n = f"{node.name or node.output[0]}_rowwise"
-            out += [helper.make_node("MatMulInteger", [q, wq_name, zp], [f"{n}_acc"], name=f"{n}_mmi"),
+            scaled = node.output[0] if shift is None else f"{n}_y"
+            out += [helper.make_node("MatMulInteger", [q, wq_name, zero if shift is not None else zp], [f"{n}_acc"],
+                                     name=f"{n}_mmi"),
                     helper.make_node("Cast", [f"{n}_acc"], [f"{n}_f"], name=f"{n}_cast", to=TensorProto.FLOAT),
                     helper.make_node("Mul", [f"{n}_f", ws_name], [f"{n}_w"], name=f"{n}_wscale"),
-                    helper.make_node("Mul", [f"{n}_w", r], [node.output[0]], name=f"{n}_rscale")]
+                    helper.make_node("Mul", [f"{n}_w", r], [scaled], name=f"{n}_rscale")]
+            if shift is not None:
+                # (x + c) W' - c W': the shift's product with the int8 weight as dequantized, per column.
+                wq = numpy_helper.to_array(inits[wq_name] if wq_name in inits else
+                                           next(i for i in new_inits if i.name == wq_name)).astype(np.float32)
+                scale = next(i for i in new_inits if i.name == ws_name)
+                correction = (shift @ (wq * numpy_helper.to_array(scale)[None, :])).astype(np.float32)
+                out.append(helper.make_node("Sub", [scaled, const(f"{n}_shift_product", correction)],
+                                            [node.output[0]], name=f"{n}_unshift"))
             replaced[node.output[0]] = out
     rebuilt: list[Any] = []
     for node in graph.node:
