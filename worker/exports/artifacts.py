@@ -49,6 +49,52 @@ class ExportError(RuntimeError):
     """An export a worker must not use; the message says why and what to run."""
 
 
+PER_ROW = "per-row"
+"""Int8 activations with one scale per token (`worker.exports.rowwise`): MatMulInteger, per-row scales."""
+
+PER_TENSOR = "per-tensor"
+"""Int8 activations with one scale per tensor per call (`onnxruntime.quantization.quantize_dynamic`)."""
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How `model-int8.onnx` is quantized; the manifest records it, and a worker refuses an int8 graph
+    built by another recipe (`verify_int8_recipe`).
+
+    The default is per-row activations with SmoothQuant (`worker.exports.rowwise`): on the trained
+    checkpoint ONNX Runtime's per-tensor dynamic quantization misses the fidelity gate by 10x, because
+    one text's outlier token sets the scale of every text padded beside it (docs/int8-recipes.md).
+    """
+
+    activations: str = PER_ROW
+    """`PER_ROW` (our MatMulInteger graph) or `PER_TENSOR` (ONNX Runtime's dynamic quantizer)."""
+    smooth_alpha: float | None = 0.5
+    """SmoothQuant migration strength (per-row only); None: no smoothing, no calibration."""
+    calibration_texts: int = 128
+    """SmoothQuant calibration texts (`worker.calibration`: never the gate's texts)."""
+    per_channel: bool = True
+    """One weight scale per output column rather than per matrix (per-row always is per column)."""
+    op_types: tuple[str, ...] = ("MatMul",)
+    """Operators quantized; the embedding Gather stays fp32 (it costs a lookup, not compute)."""
+    reduce_range: bool = False
+    """7-bit weights (per-tensor only): only needed on CPUs without VNNI, where u8 x s8 products can saturate."""
+
+    def record(self) -> dict[str, Any]:
+        """The recipe as the manifest stores it (JSON types: tuples as lists)."""
+        recorded: dict[str, Any] = json.loads(json.dumps(asdict(self)))
+        return recorded
+
+
+DEFAULT_INT8 = Int8Recipe()
+
+
+def verify_int8_recipe(directory: Path, manifest: Manifest, recipe: Int8Recipe = DEFAULT_INT8) -> None:
+    """ExportError (with the command to run) unless the export's int8 graph was built by `recipe`."""
+    if manifest.int8 != recipe.record():
+        raise ExportError(f"stale export at {directory}: its int8 graph was built by recipe {manifest.int8}, this "
+                          f"worker runs {recipe.record()}; {REBUILD_HINT}")
+
+
 @dataclass
 class Manifest:
     """What an export was built from and with; workers compare it with what they run."""
