@@ -211,7 +211,7 @@ def prepare(work: Path, wanted: list[str]) -> dict[str, str]:
         build.fold(work / "raw.onnx", folded)
         (work / "raw.onnx").unlink()
     # The per-tensor dynamic recipe's variants (the export's own int8 graph is per-row, `onnx-int8`).
-    dynamic = artifacts.Int8Recipe(activations=artifacts.PER_TENSOR, smooth_alpha=None)
+    dynamic = artifacts.PER_TENSOR_INT8
     builders: dict[str, Callable[[Path], object]] = {
         "int8-tensor.onnx": lambda out: build.quantize_int8(fused, out, replace(dynamic, per_channel=False)),
         "int8-gather.onnx": lambda out: build.quantize_int8(

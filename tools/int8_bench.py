@@ -272,10 +272,10 @@ def onnx_variants(model: Any, tokenizer: Any, directory: Path,
         return OrtModel(fp32()), _nothing
 
     def dynamic() -> tuple[Any, Callable[[], Any]]:
-        from worker.exports.artifacts import PER_TENSOR, Int8Recipe
+        from worker.exports.artifacts import PER_TENSOR_INT8
         from worker.exports.build import quantize_int8
 
-        quantize_int8(fp32(), directory / "dynamic-int8.onnx", Int8Recipe(activations=PER_TENSOR, smooth_alpha=None))
+        quantize_int8(fp32(), directory / "dynamic-int8.onnx", PER_TENSOR_INT8)
         return OrtModel(directory / "dynamic-int8.onnx"), _nothing
 
     def rowwise(alpha: float | None, keep: Sequence[str] = (), unsigned_gelu: bool = False
@@ -430,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--gate-only", action="store_true", help="fidelity triage: skip the timing")
-    parser.add_argument("--only", default="", help="comma-separated substrings of variant names to run")
+    parser.add_argument("--only", default="", help="substrings of variant names to run, separated by commas "
+                        "(or by | when a name holds a comma)")
     parser.add_argument("--search", action="store_true", help="also run the greedy mixed-precision search")
     parser.add_argument("--search-texts", type=int, default=256,
                         help="gate texts the greedy search ranks and tries plans on (the plan found is then "
@@ -505,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     onnx_dir = (args.work_dir or args.checkpoint.parent) / "int8-bench-onnx"
     recipes.update(onnx_variants(model, tokenizer, onnx_dir, feeds))
     results = []
-    only = [s for s in args.only.split(",") if s]
+    only = [s for s in args.only.split("|" if "|" in args.only else ",") if s]
     for name, make in recipes.items():
         if only and not any(s in name for s in only):
             continue

@@ -137,8 +137,10 @@ def test_int8_export_is_per_row_with_smoothquant_as_the_manifest_records(exporte
                     if n.op_type == "MatMul"]
     assert "DynamicQuantizeLinear" not in ops and "MatMulIntegerToFloat" not in ops
     assert ops.count("MatMulInteger") > 0 and ops.count("MatMul") + ops.count("MatMulInteger") == len(fp32_matmuls)
-    assert any(n.startswith("rowwise_") and n.endswith("_inv_smooth")
-               for n in (i.name for i in onnx.load(str(directory / artifacts.INT8_MODEL)).graph.initializer))
+    constants = [i.name for i in onnx.load(str(directory / artifacts.INT8_MODEL)).graph.initializer]
+    assert any(n.startswith("rowwise_") and n.endswith("_inv_smooth") for n in constants)
+    # The FFN outputs' rows (GELU, >= -0.17) are shifted into uint8, the shift's product taken back out.
+    assert sum(n.endswith("_shift_product") for n in constants) == 2  # the tiny ALBERT's 2 FFN-out MatMuls
 
 
 def test_per_row_onnx_graph_computes_what_the_torch_rowwise_module_computes(exported: WorkerSettings,
@@ -189,7 +191,7 @@ def test_per_row_int8_scores_a_text_the_same_whatever_shares_its_pass(exported: 
     assert isinstance(per_row, OnnxBackend) and moved(per_row) <= 1e-4
     directory, sha = artifacts.export_location(exported)
     build.quantize_int8(directory / artifacts.FP32_MODEL, tmp_path / "per-tensor.onnx",
-                        artifacts.Int8Recipe(activations=artifacts.PER_TENSOR, smooth_alpha=None))
+                        artifacts.PER_TENSOR_INT8)
     per_tensor = OnnxBackend(directory, artifacts.verify_export(directory, sha), tmp_path / "per-tensor.onnx", 1)
     assert moved(per_tensor) > 100 * moved(per_row) + 1e-3
 
@@ -203,7 +205,7 @@ def test_int8_export_of_another_recipe_is_refused_with_the_command(exported: Wor
 
     settings, directory = _copy_export(exported, tmp_path)
     manifest = json.loads((directory / artifacts.MANIFEST_FILE).read_text())
-    manifest["int8"] = artifacts.Int8Recipe(activations=artifacts.PER_TENSOR, smooth_alpha=None).record()
+    manifest["int8"] = artifacts.PER_TENSOR_INT8.record()
     (directory / artifacts.MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(ExportError, match=r"stale.*recipe.*python -m worker\.export"):
         load_backend("onnx-int8", settings)

@@ -12,8 +12,9 @@ own largest activation.
 **It does not yet pass the issue-10 gate on the trained checkpoint** (`tools.trained`, 1,024 texts,
 many near thresholds): every Linear int8 gives max 0.08, p99 0.016, 1.7 % flips. The output projections
 kept in fp32 give max 0.044, p99 0.012, 1.4 % flips. The rest of the error is in the QKV and FFN-in
-matmuls (LayerNorm-output outlier channels), which SmoothQuant would target. `auto` must gate it like
-any reduced backend.
+matmuls (LayerNorm-output outlier channels). SmoothQuant (`smooth_scale`, `QuantPlan.smooth_alpha`,
+calibrated by `activation_maxima`; measured in `tools.int8_bench`) narrows it but does not close it
+either (docs/int8-recipes.md). `auto` must gate it like any reduced backend.
 
 Projections can be kept in bf16 (or fp32). Which ones is a `QuantPlan`: a default
 rule, or one found by `search_plan` (greedy: keep the most sensitive Linear in higher precision until

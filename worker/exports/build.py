@@ -129,11 +129,12 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
     if recipe.activations == PER_ROW:
         from worker.exports import rowwise
 
-        if recipe.smooth_alpha is None:
-            return rowwise.rowwise_int8(src, dst)
-        if not feeds:
-            raise ValueError("a SmoothQuant int8 recipe needs calibration feeds")
-        return rowwise.rowwise_int8(src, dst, rowwise.activation_maxima(src, feeds), recipe.smooth_alpha)
+        act_max = None
+        if recipe.smooth_alpha is not None:
+            if not feeds:
+                raise ValueError("a SmoothQuant int8 recipe needs calibration feeds")
+            act_max = rowwise.activation_maxima(src, feeds)
+        return rowwise.rowwise_int8(src, dst, act_max, recipe.smooth_alpha, recipe.keep_fp32, recipe.unsigned_gelu)
     if recipe.activations != PER_TENSOR:
         raise ValueError(f"unknown int8 activations {recipe.activations!r}")
     from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy optional dependency (export only)
