@@ -28,6 +28,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +70,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "onnx-unfused": {"kind": "file", "file": "folded.onnx", "precision": "fp32",
                      "note": "ORT fp32, folded, no transformer fusion"},
     "onnx-int8": {"kind": "backend", "precision": "reduced",
-                  "note": "ORT dynamic int8 QOperator, per-channel, MatMul only, on fused (export default)"},
+                  "note": "the export's int8 graph (artifacts.DEFAULT_INT8: per-row MatMulInteger + SmoothQuant)"},
     "onnx-int8-tensor": {"kind": "file", "file": "int8-tensor.onnx", "precision": "reduced",
-                         "note": "as onnx-int8 but one weight scale per matrix"},
+                         "note": "ORT dynamic int8 (per-tensor activations), one weight scale per matrix"},
     "onnx-int8-gather": {"kind": "file", "file": "int8-gather.onnx", "precision": "reduced",
-                         "note": "as onnx-int8 plus the embedding Gather"},
+                         "note": "ORT dynamic int8 (per-tensor activations), per-channel, plus the embedding Gather"},
     "onnx-int8-unfused": {"kind": "file", "file": "int8-unfused.onnx", "precision": "reduced",
-                          "note": "as onnx-int8 on the unfused graph"},
+                          "note": "ORT dynamic int8 (per-tensor activations), per-channel, on the unfused graph"},
     "onnx-int8-qdq": {"kind": "file", "file": "int8-qdq.onnx", "precision": "reduced",
                       "note": "static QDQ, activations calibrated on 32 corpus texts"},
     "onnx-nbits8": {"kind": "file", "file": "nbits8.onnx", "precision": "reduced",
@@ -208,11 +210,13 @@ def prepare(work: Path, wanted: list[str]) -> dict[str, str]:
         build.export_onnx(model, work / "raw.onnx", model.config.vocab_size, detoxify.tokenizer.pad_token_id)
         build.fold(work / "raw.onnx", folded)
         (work / "raw.onnx").unlink()
-    builders = {
-        "int8-tensor.onnx": lambda out: build.quantize_int8(fused, out, build.Int8Recipe(per_channel=False)),
+    # The per-tensor dynamic recipe's variants (the export's own int8 graph is per-row, `onnx-int8`).
+    dynamic = artifacts.PER_TENSOR_INT8
+    builders: dict[str, Callable[[Path], object]] = {
+        "int8-tensor.onnx": lambda out: build.quantize_int8(fused, out, replace(dynamic, per_channel=False)),
         "int8-gather.onnx": lambda out: build.quantize_int8(
-            fused, out, build.Int8Recipe(op_types=("MatMul", "Gather"))),
-        "int8-unfused.onnx": lambda out: build.quantize_int8(folded, out),
+            fused, out, replace(dynamic, op_types=("MatMul", "Gather"))),
+        "int8-unfused.onnx": lambda out: build.quantize_int8(folded, out, dynamic),
         "int8-qdq.onnx": lambda out: _quantize_qdq(fused, out, directory),
         "nbits8.onnx": lambda out: _quantize_nbits8(fused, out),
     }

@@ -30,11 +30,13 @@ import torch
 from worker.backends.rowwise import (
     KEEP_FP32_DEFAULT,
     QuantPlan,
+    activation_maxima,
     apply_plan,
     linear_names,
     output_projections,
     search_plan,
 )
+from worker.calibration import calibration_texts
 from worker.gate.fidelity import REDUCED_BUDGET, compare
 from worker.gate.probes import probe_texts
 from worker.scorer import plan_passes
@@ -204,9 +206,173 @@ def bf16_context() -> contextlib.AbstractContextManager[Any]:
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-def variants(model: Any) -> dict[str, Callable[[], tuple[Any, Callable[[], Any]]]]:
+class OrtModel:
+    """An ONNX Runtime graph behind the torch model's call signature (logits first), so every variant
+    runs through the same `Runner`. One session per thread count: the gate and the timing differ."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sessions: dict[int, Any] = {}
+
+    def session(self) -> Any:
+        import onnxruntime as ort
+
+        threads = torch.get_num_threads()
+        if threads not in self._sessions:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self._sessions[threads] = ort.InferenceSession(str(self.path), options,
+                                                           providers=["CPUExecutionProvider"])
+        return self._sessions[threads]
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor]:
+        out = self.session().run(None, {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy()})
+        return (torch.from_numpy(out[0]),)
+
+
+def onnx_fp32(model: Any, tokenizer: Any, directory: Path) -> Path:
+    """The export's fp32 graph (`worker.exports.build`: dynamo export, fold, fuse), built once here."""
+    from worker.exports.build import check_against_torch, export_onnx, fold, fuse
+
+    path = directory / "model.onnx"
+    if path.exists():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    work = copy.deepcopy(model)
+    work.set_attn_implementation("eager")
+    export_onnx(work, directory / "raw.onnx", cfg.vocab_size, tokenizer.pad_token_id)
+    fold(directory / "raw.onnx", directory / "folded.onnx")
+    fusions = fuse(directory / "folded.onnx", path, cfg.num_attention_heads, cfg.hidden_size)
+    diff = check_against_torch(work, path, cfg.vocab_size, tokenizer.pad_token_id)
+    print(f"onnx fp32 export: fusions {fusions}, max logit diff vs torch {diff:.2e}", flush=True)
+    return path
+
+
+def onnx_variants(model: Any, tokenizer: Any, directory: Path,
+                  feeds: Callable[[], list[dict[str, np.ndarray]]]
+                  ) -> dict[str, Callable[[], tuple[Any, Callable[[], Any]]]]:
+    """ONNX Runtime recipes on the export's fp32 graph. `feeds()`: calibration batches (numpy)."""
+    from worker.exports import rowwise as onnx_rowwise
+
+    maxima: dict[str, np.ndarray] = {}
+
+    def fp32() -> Path:
+        return onnx_fp32(model, tokenizer, directory)
+
+    def calibrated() -> dict[str, np.ndarray]:
+        if not maxima:
+            maxima.update(onnx_rowwise.activation_maxima(fp32(), feeds()))
+        return maxima
+
+    def plain() -> tuple[Any, Callable[[], Any]]:
+        return OrtModel(fp32()), _nothing
+
+    def dynamic() -> tuple[Any, Callable[[], Any]]:
+        from worker.exports.artifacts import PER_TENSOR_INT8
+        from worker.exports.build import quantize_int8
+
+        quantize_int8(fp32(), directory / "dynamic-int8.onnx", PER_TENSOR_INT8)
+        return OrtModel(directory / "dynamic-int8.onnx"), _nothing
+
+    def rowwise(alpha: float | None, keep: Sequence[str] = (), unsigned_gelu: bool = False
+                ) -> Callable[[], tuple[Any, Callable[[], Any]]]:
+        def make() -> tuple[Any, Callable[[], Any]]:
+            out = directory / f"rowwise-{alpha}-{'-'.join(keep) or 'all'}{'-ugelu' if unsigned_gelu else ''}.onnx"
+            counts = onnx_rowwise.rowwise_int8(fp32(), out, None if alpha is None else calibrated(), alpha, keep,
+                                               unsigned_gelu)
+            print(f"  rowwise rewrite: {counts}", flush=True)
+            return OrtModel(out), _nothing
+        return make
+
+    def nbits8() -> tuple[Any, Callable[[], Any]]:
+        import onnx
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+
+        config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(fp32())), algo_config=config)
+        quantizer.process()
+        out = directory / "nbits8-acc4.onnx"
+        quantizer.model.save_model_to_file(str(out))
+        return OrtModel(out), _nothing
+
+    def static_qdq() -> tuple[Any, Callable[[], Any]]:
+        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+        batches = iter(feeds())
+
+        class Reader(CalibrationDataReader):  # type: ignore[misc]
+            def get_next(self) -> dict[str, np.ndarray] | None:
+                return next(batches, None)
+
+        out = directory / "static-qdq.onnx"
+        quantize_static(str(fp32()), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul"])
+        return OrtModel(out), _nothing
+
+    return {"onnx fp32": plain, "onnx-int8 (dynamic, per-tensor activations)": dynamic,
+            "onnx static int8 QDQ (MinMax calibrated, per-channel)": static_qdq,
+            "onnx rowwise int8 (MatMulInteger, per-row)": rowwise(None),
+            "onnx rowwise int8 + SmoothQuant a=0.5": rowwise(0.5),
+            "onnx rowwise int8 + SmoothQuant a=0.65": rowwise(0.65),
+            "onnx rowwise int8 + SmoothQuant a=0.8": rowwise(0.8),
+            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out": rowwise(0.5, (), True),
+            "onnx rowwise int8 + uint8 GELU-out (no SmoothQuant)": rowwise(None, (), True),
+            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out, QKV fp32": rowwise(0.5, ("qkv",), True),
+            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out, FFN-in fp32": rowwise(0.5, ("ffn-in",), True),
+            "onnx MatMulNBits 8-bit blk32, int8 compute (acc 4)": nbits8}
+
+
+def onnx_role_search(fp32: Path, directory: Path, alpha: float | None, act_max: dict[str, np.ndarray] | None,
+                     scores_of: Callable[[Any], list[list[float]]], reference: Sequence[Sequence[float]]
+                     ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Greedy mixed precision over MatMul roles (`worker.exports.rowwise.ROLES`): start with every role
+    in fp32, then move to int8, one at a time, the role whose move keeps the gate passing with the
+    smallest p99 error; stop when no move passes. Returns the roles left in fp32 and the trace."""
+    import onnx
+
+    from worker.exports import rowwise as onnx_rowwise
+
+    present = sorted(set(onnx_rowwise.matmul_roles(onnx.load(str(fp32)).graph).values()))
+    keep = list(present)
+    trace: list[dict[str, Any]] = []
+    while keep:
+        trials = {}
+        for role in keep:
+            trial = [r for r in keep if r != role]
+            out = directory / f"search-{'-'.join(trial) or 'none'}.onnx"
+            onnx_rowwise.rowwise_int8(fp32, out, act_max, alpha, trial)
+            c = compare(reference, scores_of(OrtModel(out)))
+            trials[role] = c
+            trace.append({"fp32": trial, "max_abs": c.max_abs, "p99_abs": c.p99_abs, "flips": c.flip_fraction,
+                          "spearman": c.min_spearman, "passed": c.within(REDUCED_BUDGET)})
+            print(f"  search: fp32 {trial}: {trace[-1]}", flush=True)
+        passing = [r for r, c in trials.items() if c.within(REDUCED_BUDGET)]
+        if not passing:
+            break
+        keep.remove(min(passing, key=lambda r: trials[r].p99_abs))
+    return keep, trace
+
+
+def variants(model: Any, calibration: Callable[[], dict[str, torch.Tensor]]
+             ) -> dict[str, Callable[[], tuple[Any, Callable[[], Any]]]]:
+    """Every recipe, by name: a builder returning (model, precision context). `calibration()` gives
+    SmoothQuant's per-channel activation maxima (computed once, on `worker.calibration` texts)."""
     names = linear_names(model)
     outputs = output_projections(names)
+
+    def smooth(alpha: float, keep_bf16: Sequence[str] = ()) -> Callable[[], tuple[Any, Callable[[], Any]]]:
+        def make() -> tuple[Any, Callable[[], Any]]:
+            plan = QuantPlan(keep_bf16=list(keep_bf16), smooth_alpha=alpha)
+            return apply_plan(copy.deepcopy(model), plan, calibration()), _nothing
+        return make
 
     def fp32() -> tuple[Any, Callable[[], Any]]:
         return model, _nothing
@@ -248,7 +414,11 @@ def variants(model: Any) -> dict[str, Callable[[], tuple[Any, Callable[[], Any]]
             "rowwise int8 (_int_mm), every Linear": rowwise_all,
             "rowwise int8, *output* proj fp32": rowwise_out_fp32,
             "rowwise int8, *output* proj bf16": rowwise_out_bf16,
-            "rowwise int8, FFN-output proj bf16": rowwise_ffn_out_bf16}
+            "rowwise int8, FFN-output proj bf16": rowwise_ffn_out_bf16,
+            "rowwise int8 + SmoothQuant a=0.5, every Linear": smooth(0.5),
+            "rowwise int8 + SmoothQuant a=0.65, every Linear": smooth(0.65),
+            "rowwise int8 + SmoothQuant a=0.8, every Linear": smooth(0.8),
+            "rowwise int8 + SmoothQuant a=0.5, output proj bf16": smooth(0.5, outputs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,13 +429,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed-texts", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true")
-    parser.add_argument("--only", default="", help="comma-separated substrings of variant names to run")
+    parser.add_argument("--gate-only", action="store_true", help="fidelity triage: skip the timing")
+    parser.add_argument("--only", default="", help="substrings of variant names to run, separated by commas "
+                        "(or by | when a name holds a comma)")
     parser.add_argument("--search", action="store_true", help="also run the greedy mixed-precision search")
     parser.add_argument("--search-texts", type=int, default=256,
                         help="gate texts the greedy search ranks and tries plans on (the plan found is then "
                              "judged on every gate text)")
     parser.add_argument("--search-max-kept", type=int, default=None)
+    parser.add_argument("--onnx-search", metavar="ALPHA", help="also run the greedy search over ONNX MatMul roles "
+                        "kept fp32, per-row int8 with SmoothQuant ALPHA (or 'none')")
     parser.add_argument("--gate-threads", type=int, default=2)
+    parser.add_argument("--work-dir", type=Path, help="where the cached reference scores and the ONNX variants' "
+                        "graphs go (default: next to the checkpoint)")
+    parser.add_argument("--calibration-texts", type=int, default=128,
+                        help="SmoothQuant calibration texts (worker.calibration: not the gate's or the bench's)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--scores-dir", type=Path, help="write each variant's gate scores here (JSON)")
     parser.add_argument("--ceiling", action="store_true", help="print the kernels' measured ceiling and exit")
@@ -291,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     reference: list[list[float]] | None = None
     if not args.speed_only:
         torch.set_num_threads(args.gate_threads)
-        cache = args.checkpoint.parent / f"reference-{len(ids)}.json"
+        cache = (args.work_dir or args.checkpoint.parent) / f"reference-{len(ids)}.json"
+        cache.parent.mkdir(parents=True, exist_ok=True)
         if cache.exists() and cache.stat().st_mtime > args.checkpoint.stat().st_mtime:
             reference = json.loads(cache.read_text())
         else:
@@ -305,9 +484,30 @@ def main(argv: list[str] | None = None) -> int:
               f"texts with a label in 0.3-0.7: {np.mean(np.any((flat >= 0.3) & (flat <= 0.7), axis=1)):.3f}",
               flush=True)
 
+    maxima: dict[str, torch.Tensor] = {}
+
+    def calibration() -> dict[str, torch.Tensor]:
+        if not maxima:
+            texts = calibration_texts(args.calibration_texts)
+            cal = Runner(tokenizer, tokenizer(texts, truncation=True, max_length=512)["input_ids"], len(labels))
+            started = time.perf_counter()
+            maxima.update(activation_maxima(model, cal.batches))
+            print(f"calibration: {len(texts)} texts, {len(cal.batches)} passes, "
+                  f"{time.perf_counter() - started:.1f} s", flush=True)
+        return maxima
+
+    def feeds() -> list[dict[str, np.ndarray]]:
+        texts = calibration_texts(args.calibration_texts)
+        cal = Runner(tokenizer, tokenizer(texts, truncation=True, max_length=512)["input_ids"], len(labels))
+        return [{"input_ids": b["input_ids"].numpy(), "attention_mask": b["attention_mask"].numpy()}
+                for b in cal.batches]
+
+    recipes = variants(model, calibration)
+    onnx_dir = (args.work_dir or args.checkpoint.parent) / "int8-bench-onnx"
+    recipes.update(onnx_variants(model, tokenizer, onnx_dir, feeds))
     results = []
-    only = [s for s in args.only.split(",") if s]
-    for name, make in variants(model).items():
+    only = [s for s in args.only.split("|" if "|" in args.only else ",") if s]
+    for name, make in recipes.items():
         if only and not any(s in name for s in only):
             continue
         try:
@@ -325,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.scores_dir.mkdir(parents=True, exist_ok=True)
                 dump = {"variant": name, "scores": scores}
                 (args.scores_dir / f"{len(results):02d}.json").write_text(json.dumps(dump))
-        torch.set_num_threads(1)
-        row.update(speed_row(speed, m, context, args.repeats, lin_flops, att_flops))
+        if not args.gate_only:
+            torch.set_num_threads(1)
+            row.update(speed_row(speed, m, context, args.repeats, lin_flops, att_flops))
         results.append(row)
         print(json.dumps(row), flush=True)
 
@@ -355,6 +556,27 @@ def main(argv: list[str] | None = None) -> int:
             row["plan"] = plan.keep_bf16 or plan.keep_fp32
             results.append(row)
             print(json.dumps(row), flush=True)
+    if args.onnx_search is not None and reference is not None:
+        from worker.exports import rowwise as onnx_rowwise
+
+        torch.set_num_threads(args.gate_threads)
+        alpha = None if args.onnx_search == "none" else float(args.onnx_search)
+        fp32 = onnx_fp32(model, tokenizer, onnx_dir)
+        act_max = None if alpha is None else onnx_rowwise.activation_maxima(fp32, feeds())
+        started = time.perf_counter()
+        kept, trace = onnx_role_search(fp32, onnx_dir, alpha, act_max, lambda m: gate.score(m, _nothing), reference)
+        print(f"onnx role search (SmoothQuant {alpha}): {time.perf_counter() - started:.0f} s, fp32 roles {kept}",
+              flush=True)
+        out = onnx_dir / "search-result.onnx"
+        onnx_rowwise.rowwise_int8(fp32, out, act_max, alpha, kept)
+        m = OrtModel(out)
+        row = {"variant": f"onnx rowwise int8 + SmoothQuant a={alpha}, greedy roles, fp32: {', '.join(kept) or 'none'}"}
+        row.update(gate_row(reference, gate.score(m, _nothing)))
+        torch.set_num_threads(1)
+        row.update(speed_row(speed, m, _nothing, args.repeats, lin_flops, att_flops))
+        row["search_trace"] = trace
+        results.append(row)
+        print(json.dumps(row), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

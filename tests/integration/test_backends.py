@@ -123,6 +123,97 @@ def test_gate_applies_the_reduced_budget_to_quantized_backends(exported: WorkerS
         assert row.passed == (row.max_abs <= 0.02 and row.flip_fraction <= 0.01)
 
 
+def test_int8_export_is_per_row_with_smoothquant_as_the_manifest_records(exported: WorkerSettings) -> None:
+    """The export's int8 graph is the default recipe: per-row MatMulInteger with SmoothQuant factors,
+    no per-tensor DynamicQuantizeLinear, every Linear MatMul rewritten; the manifest records it."""
+    import onnx
+
+    directory, sha = artifacts.export_location(exported)
+    manifest = artifacts.verify_export(directory, sha)
+    assert manifest.int8 == artifacts.DEFAULT_INT8.record()
+    assert manifest.int8["activations"] == artifacts.PER_ROW and manifest.int8["smooth_alpha"] is not None
+    ops = [n.op_type for n in onnx.load(str(directory / artifacts.INT8_MODEL)).graph.node]
+    fp32_matmuls = [n for n in onnx.load(str(directory / artifacts.FP32_MODEL)).graph.node
+                    if n.op_type == "MatMul"]
+    assert "DynamicQuantizeLinear" not in ops and "MatMulIntegerToFloat" not in ops
+    assert ops.count("MatMulInteger") > 0 and ops.count("MatMul") + ops.count("MatMulInteger") == len(fp32_matmuls)
+    constants = [i.name for i in onnx.load(str(directory / artifacts.INT8_MODEL)).graph.initializer]
+    assert any(n.startswith("rowwise_") and n.endswith("_inv_smooth") for n in constants)
+    # The FFN outputs' rows (GELU, >= -0.17) are shifted into uint8, the shift's product taken back out.
+    assert sum(n.endswith("_shift_product") for n in constants) == 2  # the tiny ALBERT's 2 FFN-out MatMuls
+
+
+def test_per_row_onnx_graph_computes_what_the_torch_rowwise_module_computes(exported: WorkerSettings,
+                                                                            tmp_path: Path) -> None:
+    """Without smoothing, the ONNX per-row rewrite and `worker.backends.rowwise` (pooler included,
+    classifier fp32: the export's Gemm nodes stay fp32 too) give the same logits: same rounding."""
+    import copy
+
+    import onnxruntime as ort
+    import torch
+
+    from worker.backends.rowwise import QuantPlan, apply_plan
+    from worker.exports.rowwise import rowwise_int8
+    from worker.weights import load_detoxify
+
+    directory, _ = artifacts.export_location(exported)
+    rowwise_int8(directory / artifacts.FP32_MODEL, tmp_path / "rw.onnx")
+    model = load_detoxify(exported).model.eval()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(5, model.config.vocab_size - 1, (3, 24))
+    mask = np.ones_like(ids)
+    ids[1, 9:], mask[1, 9:] = 0, 0
+    keep = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "pooler" in n]
+    quantized = apply_plan(copy.deepcopy(model), QuantPlan(keep_fp32=["classifier", *keep]))
+    with torch.inference_mode():
+        expected = quantized(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))[0].numpy()
+        fp32 = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))[0].numpy()
+    got = ort.InferenceSession(str(tmp_path / "rw.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids, "attention_mask": mask})[0]
+    assert np.abs(got - fp32).max() > 1e-3  # int8 really computes differently
+    assert np.abs(got - expected).max() <= 1e-4
+
+
+def test_per_row_int8_scores_a_text_the_same_whatever_shares_its_pass(exported: WorkerSettings,
+                                                                     tmp_path: Path) -> None:
+    """The point of per-row scales: a text scored beside a long, different text (one padded pass)
+    scores as it does alone, while per-tensor dynamic int8 (ONNX Runtime's quantizer, the earlier
+    recipe) lets the neighbour move it."""
+    from worker.backends.loader import load_backend
+    from worker.backends.onnx import OnnxBackend
+
+    def moved(backend: OnnxBackend) -> float:
+        text, neighbour = backend.tokenize(["a short comment, thanks for sharing", "word " * 300 + "!!! ???"])
+        alone, beside = backend.predict([text])[0], backend.predict([text, neighbour])[0]
+        return max(abs(a - b) for a, b in zip(alone, beside, strict=True))
+
+    per_row = load_backend("onnx-int8", exported)
+    assert isinstance(per_row, OnnxBackend) and moved(per_row) <= 1e-4
+    directory, sha = artifacts.export_location(exported)
+    build.quantize_int8(directory / artifacts.FP32_MODEL, tmp_path / "per-tensor.onnx",
+                        artifacts.PER_TENSOR_INT8)
+    per_tensor = OnnxBackend(directory, artifacts.verify_export(directory, sha), tmp_path / "per-tensor.onnx", 1)
+    assert moved(per_tensor) > 100 * moved(per_row) + 1e-3
+
+
+def test_int8_export_of_another_recipe_is_refused_with_the_command(exported: WorkerSettings, tmp_path: Path) -> None:
+    """A worker refuses an int8 graph its manifest says another recipe built (the per-tensor one of
+    earlier exports, say), naming the command that rebuilds it; the fp32 graph still loads, and the
+    export command rebuilds such an export."""
+    from worker.backends.loader import load_backend
+    from worker.gate.selection import check_backend
+
+    settings, directory = _copy_export(exported, tmp_path)
+    manifest = json.loads((directory / artifacts.MANIFEST_FILE).read_text())
+    manifest["int8"] = artifacts.PER_TENSOR_INT8.record()
+    (directory / artifacts.MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match=r"stale.*recipe.*python -m worker\.export"):
+        load_backend("onnx-int8", settings)
+    with pytest.raises(ExportError, match=r"stale.*recipe"):
+        check_backend(settings.model_copy(update={"backend": "onnx-int8"}))
+    assert load_backend("onnx", settings).name == "onnx"
+
+
 def _recipe_backend(settings: WorkerSettings, softmax: bool, mask: bool):  # type: ignore[no-untyped-def]
     """The ONNX backend with the circulating recipe's mistakes switched on."""
     from worker.backends.onnx import OnnxBackend
@@ -218,7 +309,7 @@ def test_ensure_export_rebuilds_a_corrupt_export(exported: WorkerSettings, tmp_p
     settings, directory = _copy_export(exported, tmp_path)
     built: list[Path] = []
 
-    def fake_build(_settings: WorkerSettings, _recipe: build.Int8Recipe, target: Path) -> Path:
+    def fake_build(_settings: WorkerSettings, _recipe: artifacts.Int8Recipe, target: Path) -> Path:
         built.append(target)
         return target
 

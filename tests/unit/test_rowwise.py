@@ -20,6 +20,7 @@ from worker.backends.rowwise import (
     Bf16Linear,
     QuantPlan,
     RowwiseInt8Linear,
+    activation_maxima,
     apply_plan,
     default_plan,
     linear_names,
@@ -27,6 +28,7 @@ from worker.backends.rowwise import (
     quantize_rows,
     quantize_weight,
     search_plan,
+    smooth_scale,
 )
 
 
@@ -68,6 +70,47 @@ def test_rowwise_linear_matches_fp32_within_the_quantization_bound():
     assert got.shape == expected.shape
     relative = (got - expected).abs().max() / expected.abs().max()
     assert relative < 0.02
+
+
+def test_smoothquant_moves_an_outlier_channel_into_the_weights():
+    """An activation channel 50x larger than the rest coarsens every other channel of its row under
+    per-row int8; SmoothQuant's x / s, W * s (s from calibration maxima) computes the same product
+    with a much smaller error."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    x = torch.randn(200, 64)
+    x[:, 5] *= 50
+    act_max = x.abs().amax(dim=0)
+    smooth = smooth_scale(act_max, linear.weight, 0.5)
+    assert smooth.shape == (64,) and smooth[5] == smooth.max()
+    with torch.no_grad():
+        expected = linear(x)
+        plain = (RowwiseInt8Linear(linear)(x) - expected).abs().mean()
+        smoothed = (RowwiseInt8Linear(linear, smooth)(x) - expected).abs().mean()
+    assert smoothed < 0.5 * plain
+
+
+def test_smoothquant_plan_needs_calibration_and_round_trips():
+    plan = QuantPlan(smooth_alpha=0.5)
+    assert QuantPlan.from_json(plan.to_json()).smooth_alpha == 0.5
+    with pytest.raises(ValueError, match="calibration"):
+        apply_plan(torch.nn.Sequential(torch.nn.Linear(4, 4)), plan)
+
+
+def test_activation_maxima_records_each_linear_input_channel_max():
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 3)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.a(input_ids.float() * attention_mask)
+            return out
+
+    batches = [{"input_ids": torch.tensor([[1, -7, 2, 0]]), "attention_mask": torch.ones(1, 4)},
+               {"input_ids": torch.tensor([[3, 1, -1, 0]]), "attention_mask": torch.ones(1, 4)}]
+    maxima = activation_maxima(Tiny(), batches)
+    assert maxima["a"].tolist() == [3.0, 7.0, 2.0, 0.0]
 
 
 def test_rowwise_linear_without_bias():

@@ -28,6 +28,7 @@ from worker.exports.artifacts import (
     Manifest,
     export_location,
     verify_export,
+    verify_int8_recipe,
 )
 from worker.settings import WorkerSettings
 
@@ -106,4 +107,6 @@ def load_onnx_backend(settings: WorkerSettings, int8: bool) -> OnnxBackend:
     # Hash only what this backend reads: the other model file may be large and is not our concern.
     needed = [model_file] + [name for name in manifest.files if name.startswith(TOKENIZER_DIR + "/")]
     verify_export(directory, sha, files=needed)
+    if int8:
+        verify_int8_recipe(directory, manifest)
     return OnnxBackend(directory, manifest, model_file, settings.torch_threads)

@@ -12,8 +12,9 @@ own largest activation.
 **It does not yet pass the issue-10 gate on the trained checkpoint** (`tools.trained`, 1,024 texts,
 many near thresholds): every Linear int8 gives max 0.08, p99 0.016, 1.7 % flips. The output projections
 kept in fp32 give max 0.044, p99 0.012, 1.4 % flips. The rest of the error is in the QKV and FFN-in
-matmuls (LayerNorm-output outlier channels), which SmoothQuant would target. `auto` must gate it like
-any reduced backend.
+matmuls (LayerNorm-output outlier channels). SmoothQuant (`smooth_scale`, `QuantPlan.smooth_alpha`,
+calibrated by `activation_maxima`; measured in `tools.int8_bench`) narrows it but does not close it
+either (docs/int8-recipes.md). `auto` must gate it like any reduced backend.
 
 Projections can be kept in bf16 (or fp32). Which ones is a `QuantPlan`: a default
 rule, or one found by `search_plan` (greedy: keep the most sensitive Linear in higher precision until
@@ -52,6 +53,8 @@ class QuantPlan:
     keep_fp32: list[str] = field(default_factory=lambda: list(KEEP_FP32_DEFAULT))
     keep_bf16: list[str] = field(default_factory=list)
     note: str = ""
+    smooth_alpha: float | None = None
+    """SmoothQuant migration strength for the int8 layers (None: no smoothing)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -59,8 +62,9 @@ class QuantPlan:
     @classmethod
     def from_json(cls, text: str) -> QuantPlan:
         data = json.loads(text)
+        alpha = data.get("smooth_alpha")
         return cls(keep_fp32=list(data.get("keep_fp32", [])), keep_bf16=list(data.get("keep_bf16", [])),
-                   note=str(data.get("note", "")))
+                   note=str(data.get("note", "")), smooth_alpha=None if alpha is None else float(alpha))
 
     @classmethod
     def load(cls, path: Path) -> QuantPlan:
@@ -82,17 +86,31 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def smooth_scale(act_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's per-input-channel factor s_j = max|X_j|^alpha / max|W_j|^(1-alpha) (Xiao et al.,
+    2023): x / s and W * s give the same product, with the activation's outlier channels moved into
+    the weight columns, which are quantized per output channel anyway."""
+    w_max = weight.detach().float().abs().amax(dim=0).clamp_min(1e-5)
+    s = act_max.float().clamp_min(1e-5).pow(alpha) / w_max.pow(1 - alpha)
+    return s.clamp_min(1e-5)
+
+
 class RowwiseInt8Linear(torch.nn.Module):
     """y = x W^T + b with x quantized per row (token) at call time, W per output channel ahead of time,
-    the product in int8 x int8 -> int32 (`torch._int_mm`), rescaled to fp32."""
+    the product in int8 x int8 -> int32 (`torch._int_mm`), rescaled to fp32. With `smooth` (one
+    factor per input channel, `smooth_scale`), x / smooth is quantized against W * smooth."""
 
     weight_int8: torch.Tensor
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
+    inv_smooth: torch.Tensor | None
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, smooth: torch.Tensor | None = None) -> None:
         super().__init__()
-        q, scale = quantize_weight(linear.weight)
+        weight = linear.weight.detach().float()
+        if smooth is not None:
+            weight = weight * smooth[None, :]
+        q, scale = quantize_weight(weight)
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         # Stored [in, out] contiguous: oneDNN's int8 GEMM reads it ~20 % faster than a transposed
@@ -100,10 +118,13 @@ class RowwiseInt8Linear(torch.nn.Module):
         self.register_buffer("weight_int8", q.t().contiguous())
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.register_buffer("inv_smooth", None if smooth is None else (1.0 / smooth.float()).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).float()
+        if self.inv_smooth is not None:
+            rows = rows * self.inv_smooth
         q, row_scale = quantize_rows(rows)
         acc = torch._int_mm(q, self.weight_int8)
         y = acc.float().mul_(row_scale).mul_(self.weight_scale)
@@ -143,20 +164,57 @@ def _set_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> N
     setattr(parent, child, module)
 
 
-def apply_plan(model: torch.nn.Module, plan: QuantPlan) -> torch.nn.Module:
+def activation_maxima(model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]]
+                      ) -> dict[str, torch.Tensor]:
+    """Per Linear (by module name), the largest |x_j| of each input channel j over the calibration
+    `batches` (padded `input_ids`/`attention_mask` dicts), with the model in fp32: SmoothQuant's
+    calibration. A Linear called several times (ALBERT's shared layer) keeps the max over every call."""
+    maxima: dict[str, torch.Tensor] = {}
+    handles = []
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
+            x = inputs[0].detach().float()
+            m = x.reshape(-1, x.shape[-1]).abs().amax(dim=0)
+            maxima[name] = m if name not in maxima else torch.maximum(maxima[name], m)
+        return record
+
+    for name in linear_names(model):
+        handles.append(model.get_submodule(name).register_forward_hook(hook(name)))
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: m.clone() for name, m in maxima.items()}
+
+
+def apply_plan(model: torch.nn.Module, plan: QuantPlan,
+               act_max: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
     """Replace, in place, every Linear by its per-row int8 form, except those the plan keeps (fp32 as
     is, or bf16). Returns the model. Names in the plan that match no Linear are an error: a plan made
-    for another architecture must not silently quantize everything."""
+    for another architecture must not silently quantize everything. With `plan.smooth_alpha`, each
+    int8 Linear gets SmoothQuant factors from `act_max` (`activation_maxima`), which is then required."""
     names = linear_names(model)
     unknown = sorted((set(plan.keep_fp32) | set(plan.keep_bf16)) - set(names) - set(KEEP_FP32_DEFAULT))
     if unknown:
         raise ValueError(f"quantization plan names Linear layers this model lacks: {unknown[:5]}")
+    if plan.smooth_alpha is not None and act_max is None:
+        raise ValueError("a SmoothQuant plan needs the calibration maxima (activation_maxima)")
     for name in names:
         linear = model.get_submodule(name)
         assert isinstance(linear, torch.nn.Linear)
         if name in plan.keep_fp32:
             continue
-        _set_module(model, name, Bf16Linear(linear) if name in plan.keep_bf16 else RowwiseInt8Linear(linear))
+        if name in plan.keep_bf16:
+            _set_module(model, name, Bf16Linear(linear))
+            continue
+        smooth = None
+        if plan.smooth_alpha is not None and act_max is not None and name in act_max:
+            smooth = smooth_scale(act_max[name], linear.weight, plan.smooth_alpha)
+        _set_module(model, name, RowwiseInt8Linear(linear, smooth))
     return model
 
 

@@ -10,7 +10,8 @@ Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
 
     exports/<checkpoint sha256>/manifest.json    hashes, versions, opset, labels, int8 recipe
                                model.onnx        fp32, constant-folded, transformer ops fused
-                               model-int8.onnx   dynamic int8 (QOperator MatMulInteger) of model.onnx
+                               model-int8.onnx   int8 of model.onnx by the recorded `Int8Recipe` (default:
+                                                 per-row MatMulInteger + SmoothQuant, `worker.exports.rowwise`)
                                tokenizer/        Detoxify's tokenizer, saved, so no hub and no torch at run time
                                decision.json     the fidelity gate's table and the backend `auto` picks
 """
@@ -47,6 +48,61 @@ REBUILD_HINT = "run `python -m worker.export` with the same TOXFLEET_* settings 
 
 class ExportError(RuntimeError):
     """An export a worker must not use; the message says why and what to run."""
+
+
+PER_ROW = "per-row"
+"""Int8 activations with one scale per token (`worker.exports.rowwise`): MatMulInteger, per-row scales."""
+
+PER_TENSOR = "per-tensor"
+"""Int8 activations with one scale per tensor per call (`onnxruntime.quantization.quantize_dynamic`)."""
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How `model-int8.onnx` is quantized; the manifest records it, and a worker refuses an int8 graph
+    built by another recipe (`verify_int8_recipe`).
+
+    The default is per-row activations with SmoothQuant and uint8 GELU rows (`worker.exports.rowwise`):
+    the closest int8 recipe measured on the trained checkpoint. ONNX Runtime's per-tensor dynamic
+    quantization is 3x further off there, because one text's outlier token sets the scale of every
+    text padded beside it (docs/int8-recipes.md). Neither passes the gate there: the gate decides.
+    """
+
+    activations: str = PER_ROW
+    """`PER_ROW` (our MatMulInteger graph) or `PER_TENSOR` (ONNX Runtime's dynamic quantizer)."""
+    smooth_alpha: float | None = 0.5
+    """SmoothQuant migration strength (per-row only); None: no smoothing, no calibration."""
+    calibration_texts: int = 128
+    """SmoothQuant calibration texts (`worker.calibration`: never the gate's texts)."""
+    unsigned_gelu: bool = True
+    """Per-row only: the FFN output's input (a GELU, >= -0.17) shifted and quantized to uint8 0..255,
+    twice symmetric int8's resolution, the shift's product subtracted per column."""
+    keep_fp32: tuple[str, ...] = ()
+    """Per-row only: MatMul roles left in fp32 (`worker.exports.rowwise.ROLES`): mixed precision."""
+    per_channel: bool = True
+    """One weight scale per output column rather than per matrix (per-row always is per column)."""
+    op_types: tuple[str, ...] = ("MatMul",)
+    """Operators quantized; the embedding Gather stays fp32 (it costs a lookup, not compute)."""
+    reduce_range: bool = False
+    """7-bit weights (per-tensor only): only needed on CPUs without VNNI, where u8 x s8 products can saturate."""
+
+    def record(self) -> dict[str, Any]:
+        """The recipe as the manifest stores it (JSON types: tuples as lists)."""
+        recorded: dict[str, Any] = json.loads(json.dumps(asdict(self)))
+        return recorded
+
+
+DEFAULT_INT8 = Int8Recipe()
+
+PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False)
+"""ONNX Runtime's dynamic quantization, the export's int8 recipe before issue 10 (benchmarks only)."""
+
+
+def verify_int8_recipe(directory: Path, manifest: Manifest, recipe: Int8Recipe = DEFAULT_INT8) -> None:
+    """ExportError (with the command to run) unless the export's int8 graph was built by `recipe`."""
+    if manifest.int8 != recipe.record():
+        raise ExportError(f"stale export at {directory}: its int8 graph was built by recipe {manifest.int8}, this "
+                          f"worker runs {recipe.record()}; {REBUILD_HINT}")
 
 
 @dataclass

@@ -13,26 +13,29 @@ step that uses it, so that importing this module stays cheap.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.calibration import calibration_texts
 from worker.cpus import cpu_model_name, kernel_signature
 from worker.exports.artifacts import (
+    DEFAULT_INT8,
     EXPORT_FORMAT,
     FP32_MODEL,
     INT8_MODEL,
     MANIFEST_FILE,
+    PER_ROW,
+    PER_TENSOR,
     REBUILD_HINT,
     TOKENIZER_DIR,
     ExportError,
+    Int8Recipe,
     Manifest,
     checkpoint_file,
     export_location,
@@ -52,23 +55,6 @@ EXPORT_CHECK_TOLERANCE = 1e-3
 one means the exporter dropped something (the attention mask, say) and the export is refused."""
 
 
-@dataclass(frozen=True)
-class Int8Recipe:
-    """How `model-int8.onnx` is quantized (`onnxruntime.quantization.quantize_dynamic`, QOperator).
-
-    Dynamic quantization computes each activation's scale per batch at run time, so it needs no
-    calibration data; static QDQ would fix activation scales from a calibration corpus and add error.
-    """
-
-    per_channel: bool = True
-    """One weight scale per output column rather than per matrix."""
-    op_types: tuple[str, ...] = ("MatMul",)
-    """Operators quantized; the embedding Gather stays fp32 (it costs a lookup, not compute)."""
-    reduce_range: bool = False
-    """7-bit weights: only needed on CPUs without VNNI, where u8 x s8 products can saturate."""
-
-
-DEFAULT_INT8 = Int8Recipe()
 
 
 def export_onnx(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
@@ -121,7 +107,36 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, in
     return {op: int(n) for op, n in stats.items() if n}
 
 
-def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> None:
+def calibration_feeds(tokenizer: Any, texts: list[str], pass_tokens: int = 1024,
+                      pass_texts: int = 16) -> list[dict[str, Any]]:
+    """The calibration texts as padded ONNX feeds, cut into passes the way a worker cuts them."""
+    from worker.backends.onnx import pad_batch
+    from worker.scorer import plan_passes
+
+    ids = tokenizer(texts, truncation=True, max_length=512)["input_ids"]
+    left = tokenizer.padding_side == "left"
+    feeds = []
+    for group in plan_passes([len(s) for s in ids], pass_tokens, pass_texts):
+        batch_ids, mask = pad_batch([ids[j] for j in group], int(tokenizer.pad_token_id), left)
+        feeds.append({"input_ids": batch_ids, "attention_mask": mask})
+    return feeds
+
+
+def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
+                  feeds: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """Write the int8 graph of `src` by `recipe`; `feeds` (`calibration_feeds`) when it smooths.
+    Returns what the per-row rewrite counted (empty for the per-tensor quantizer)."""
+    if recipe.activations == PER_ROW:
+        from worker.exports import rowwise
+
+        act_max = None
+        if recipe.smooth_alpha is not None:
+            if not feeds:
+                raise ValueError("a SmoothQuant int8 recipe needs calibration feeds")
+            act_max = rowwise.activation_maxima(src, feeds)
+        return rowwise.rowwise_int8(src, dst, act_max, recipe.smooth_alpha, recipe.keep_fp32, recipe.unsigned_gelu)
+    if recipe.activations != PER_TENSOR:
+        raise ValueError(f"unknown int8 activations {recipe.activations!r}")
     from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy optional dependency (export only)
 
     # The quantizer logs a hint about static-quantization pre-processing on the root logger; it does
@@ -134,6 +149,7 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> No
                          reduce_range=recipe.reduce_range, op_types_to_quantize=list(recipe.op_types))
     finally:
         root.setLevel(level)
+    return {}
 
 
 def check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) -> float:
@@ -187,7 +203,11 @@ def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
         if not diff <= EXPORT_CHECK_TOLERANCE:
             raise ExportError(f"the ONNX export does not reproduce the torch model (max logit difference {diff:.3g} "
                               f"> {EXPORT_CHECK_TOLERANCE}); refusing it")
-        quantize_int8(work / FP32_MODEL, work / INT8_MODEL, recipe)
+        feeds = None
+        if recipe.activations == PER_ROW and recipe.smooth_alpha is not None:
+            feeds = calibration_feeds(tokenizer, calibration_texts(recipe.calibration_texts),
+                                      settings.pass_tokens, settings.pass_texts)
+        quantize_int8(work / FP32_MODEL, work / INT8_MODEL, recipe, feeds)
         for scratch in (raw, folded):
             scratch.unlink()
         tokenizer.save_pretrained(work / TOKENIZER_DIR)
@@ -198,7 +218,7 @@ def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
             format=EXPORT_FORMAT, checkpoint_sha256=sha, checkpoint=str(checkpoint), identity=settings.model_identity,
             labels=list(detoxify.class_names), num_outputs=int(config.num_labels),
             tokenizer_class=type(tokenizer).__name__, max_tokens=512, opset=int(opset), exporter=exporter,
-            fusions=fusions, int8=asdict(recipe), versions={d: installed_version(d) for d in EXPORT_TOOLS},
+            fusions=fusions, int8=recipe.record(), versions={d: installed_version(d) for d in EXPORT_TOOLS},
             files=files, cpu=cpu_model_name(), kernel_signature=kernel_signature())
         (work / MANIFEST_FILE).write_text(manifest.to_json())
         _replace_dir(work, target)
@@ -225,7 +245,7 @@ def ensure_export(settings: WorkerSettings, force: bool = False, recipe: Int8Rec
     if not force:
         try:
             manifest = verify_export(directory, sha)
-            if manifest.int8 == json.loads(json.dumps(asdict(recipe))):
+            if manifest.int8 == recipe.record():
                 return directory
             print(f"toxfleet export: int8 recipe changed; rebuilding {directory}", file=sys.stderr)
         except ExportError as exc:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.exports.artifacts import DECISION_FILE, ExportError, export_location, verify_export
+from worker.exports.artifacts import (
+    DECISION_FILE,
+    ExportError,
+    export_location,
+    verify_export,
+    verify_int8_recipe,
+)
 from worker.gate.decision import Decision
 from worker.settings import WorkerSettings
 
@@ -82,5 +88,7 @@ def check_backend(settings: WorkerSettings) -> tuple[str, str]:
     name, why = resolve_backend(settings)
     if name.startswith("onnx"):
         directory, sha = export_location(settings)
-        verify_export(directory, sha)
+        manifest = verify_export(directory, sha)
+        if name == "onnx-int8":
+            verify_int8_recipe(directory, manifest)
     return name, why

@@ -1,0 +1,274 @@
+"""Per-row int8 for an ONNX graph: every Linear MatMul gets one activation scale per token (row), one
+weight scale per output column, and optionally SmoothQuant factors, in ONNX ops ONNX Runtime's CPU
+kernels run (MatMulInteger on MLAS' u8 x s8 VNNI GEMM).
+
+Why not ONNX Runtime's own quantizers: `quantize_dynamic` (`DynamicQuantizeLinear` +
+`MatMulIntegerToFloat`) computes ONE activation scale per tensor per call, so in a padded pass one
+text's outlier token coarsens every text beside it; on trained weights that misses the fidelity gate
+by 10x (docs/int8-recipes.md). ORT's `MatMulInteger` CPU kernel takes only a scalar `a_zero_point`,
+and `MatMulIntegerToFloat` only a scalar `a_scale`, so per-row scales are written out:
+
+    xs = x * inv_smooth                       (SmoothQuant, when calibrated; one per input channel)
+    r  = max(ReduceMax(Abs(xs), -1) / 127, 1e-12)               one scale per row [.., 1]
+    q  = QuantizeLinear(xs / r, 1.0, uint8 128)                 symmetric int8, stored +128 as uint8
+    y  = Cast(MatMulInteger(q, Wq, 128), float) * w_scale * r   int32 accumulate, rescale
+
+Wq = round(W * smooth / w_scale) in int8, per output column. MatMuls that read the same tensor share
+one row quantization, and MatMuls that share a tensor or a weight (ALBERT shares its layer's weights
+across layers) share one smoothing vector, so each weight is quantized once.
+
+`activation_maxima` is the calibration: the fp32 graph run on calibration texts with every MatMul
+input exposed, max |x_j| per channel. Importing this module loads neither onnx nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+INT8_MAX = 127
+"""Symmetric int8 range [-127, 127] (the uint8 storage is that + 128: 1..255)."""
+
+ZERO_POINT = 128
+
+GELU_FLOOR = 0.1701
+"""A little over -min GELU(x) (0.16997, at x = -0.75; the tanh form's is the same to 1e-4)."""
+
+
+def linear_matmuls(graph: Any) -> list[Any]:
+    """MatMul nodes whose right input is a 2-D float initializer: the model's Linear layers (attention's
+    score and context products multiply two activations and stay fp32)."""
+    inits = {i.name: i for i in graph.initializer}
+    return [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in inits
+            and len(inits[n.input[1]].dims) == 2 and inits[n.input[1]].data_type == 1]
+
+
+ROLES = ("qkv", "attention-output", "ffn-in", "ffn-out", "other")
+"""What a Linear MatMul does in a transformer layer (`matmul_roles`): a mixed-precision recipe keeps
+whole roles in fp32."""
+
+
+def matmul_roles(graph: Any) -> dict[str, str]:
+    """Per Linear MatMul (by output name), its role, from the graph's structure alone: three MatMuls
+    reading one tensor are Q, K and V; one reading a Gelu is the FFN output; one feeding a Gelu is the
+    FFN input; one reading attention's context (a Reshape) is the attention output."""
+    nodes = linear_matmuls(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in nodes:
+        readers[n.input[0]] = readers.get(n.input[0], 0) + 1
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+
+    def feeds_gelu(name: str, depth: int = 2) -> bool:
+        """Whether `name` reaches a Gelu within `depth` nodes (the bias Add may sit between)."""
+        return any("Gelu" in c.op_type or (depth > 1 and c.op_type == "Add" and feeds_gelu(c.output[0], depth - 1))
+                   for c in consumers.get(name, []))
+
+    roles = {}
+    for n in nodes:
+        source = producer.get(n.input[0])
+        if readers[n.input[0]] == 3:
+            role = "qkv"
+        elif source is not None and "Gelu" in source.op_type:
+            role = "ffn-out"
+        elif feeds_gelu(n.output[0]):
+            role = "ffn-in"
+        elif source is not None and source.op_type in ("Reshape", "Transpose"):
+            role = "attention-output"
+        else:
+            role = "other"
+        roles[n.output[0]] = role
+    return roles
+
+
+def activation_maxima(model_path: Path, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per Linear MatMul input tensor (by name), max |x_j| per input channel over the `feeds` (fp32)."""
+    import onnx  # heavy optional dependencies: only the export needs them
+    import onnxruntime as ort
+
+    model = onnx.load(str(model_path))
+    names = sorted({n.input[0] for n in linear_matmuls(model.graph)})
+    known = {o.name for o in model.graph.output}
+    for name in names:
+        if name not in known:
+            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    maxima: dict[str, np.ndarray] = {}
+    for feed in feeds:
+        mask = feed.get("attention_mask")
+        for name, value in zip(names, session.run(names, feed), strict=True):
+            rows = np.abs(value.reshape(-1, value.shape[-1]))
+            if mask is not None and rows.shape[0] == mask.size:
+                rows = rows[mask.reshape(-1) > 0]  # padding rows are not the model's inputs' statistics
+            m = rows.max(axis=0) if rows.size else np.zeros(value.shape[-1], np.float32)
+            maxima[name] = m if name not in maxima else np.maximum(maxima[name], m)
+    return maxima
+
+
+def _groups(nodes: Sequence[Any]) -> list[list[Any]]:
+    """MatMuls connected by a shared input tensor or a shared weight (union-find)."""
+    parent = list(range(len(nodes)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for key in (f"x:{node.input[0]}", f"w:{node.input[1]}"):
+            if key in first:
+                parent[find(i)] = find(first[key])
+            else:
+                first[key] = i
+    out: dict[int, list[Any]] = {}
+    for i, node in enumerate(nodes):
+        out.setdefault(find(i), []).append(node)
+    return list(out.values())
+
+
+def smooth_factors(act_max: np.ndarray, weights: Sequence[np.ndarray], alpha: float) -> np.ndarray:
+    """SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha), W_j over every weight [K, N] the
+    activation meets (rows j of each)."""
+    w_max = np.maximum(np.max([np.abs(w).max(axis=1) for w in weights], axis=0), 1e-5)
+    s = np.power(np.maximum(act_max, 1e-5), alpha) / np.power(w_max, 1 - alpha)
+    out: np.ndarray = np.maximum(s, 1e-5).astype(np.float32)
+    return out
+
+
+def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output column of a [K, N] weight: (int8 [K, N], float32 scale [N])."""
+    scale = np.maximum(np.abs(weight).max(axis=0) / INT8_MAX, 1e-12).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[None, :]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = None,
+                 alpha: float | None = None, keep_fp32: Sequence[str] = (), unsigned_gelu: bool = False
+                 ) -> dict[str, int]:
+    """Write `dst`: `src` with every Linear MatMul in per-row int8 (SmoothQuant with `alpha` when
+    `act_max`, from `activation_maxima`, is given), except those whose role (`matmul_roles`) is in
+    `keep_fp32`. With `unsigned_gelu`, a MatMul reading a Gelu (the FFN output) quantizes x + 0.1701
+    (GELU's output is >= -0.17) per row to uint8 0..255 (twice the resolution of symmetric int8) and
+    subtracts the shift's product, a constant per column. Returns counts of what was rewritten."""
+    import onnx  # heavy optional dependency: only the export needs it
+    from onnx import TensorProto, helper, numpy_helper
+
+    if (alpha is None) != (act_max is None):
+        raise ValueError("SmoothQuant needs both alpha and the calibration maxima")
+    model = onnx.load(str(src))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    unknown = sorted(set(keep_fp32) - set(ROLES))
+    if unknown:
+        raise ValueError(f"unknown MatMul roles {unknown}; known: {ROLES}")
+    roles = matmul_roles(graph)
+    nodes = [n for n in linear_matmuls(graph) if roles[n.output[0]] not in keep_fp32]
+    new_inits: list[Any] = []
+    consts: dict[str, str] = {}
+
+    def const(name: str, value: np.ndarray) -> str:
+        if name not in consts:
+            new_inits.append(numpy_helper.from_array(value, name))
+            consts[name] = name
+        return name
+
+    one = const("rowwise_one", np.array(1.0, np.float32))
+    zp = const("rowwise_zp", np.array(ZERO_POINT, np.uint8))
+    inv127 = const("rowwise_inv127", np.array(1.0 / INT8_MAX, np.float32))
+    tiny = const("rowwise_tiny", np.array(1e-12, np.float32))
+    inv255 = const("rowwise_inv255", np.array(1.0 / 255, np.float32))
+    zero = const("rowwise_zero", np.array(0, np.uint8))
+    last_axis = const("rowwise_last_axis", np.array([-1], np.int64))
+    replaced: dict[str, list[Any]] = {}  # MatMul output -> the nodes replacing it
+    quantized_weights: dict[str, tuple[str, str]] = {}
+    row_quant: dict[str, tuple[str, str]] = {}  # input tensor -> (q, row scale)
+    smoothed = 0
+    for group in _groups(nodes):
+        smooth: np.ndarray | None = None
+        if act_max is not None and alpha is not None:
+            xs = [act_max[n.input[0]] for n in group if n.input[0] in act_max]
+            weights = [numpy_helper.to_array(inits[n.input[1]]) for n in group]
+            if xs:
+                smooth = smooth_factors(np.max(xs, axis=0), weights, alpha)
+                smoothed += 1
+        for node in group:
+            out: list[Any] = []
+            x = node.input[0]
+            shifted = unsigned_gelu and roles[node.output[0]] == "ffn-out"
+            shift: np.ndarray | None = None
+            if shifted:
+                shift = np.full(inits[node.input[1]].dims[0], GELU_FLOOR, np.float32)
+                if smooth is not None:
+                    shift = (shift / smooth).astype(np.float32)
+            if x not in row_quant:
+                p = f"rowwise_{len(row_quant)}"
+                source = x
+                if smooth is not None:
+                    inv = const(f"{p}_inv_smooth", (1.0 / smooth).astype(np.float32))
+                    out.append(helper.make_node("Mul", [x, inv], [f"{p}_xs"], name=f"{p}_smooth"))
+                    source = f"{p}_xs"
+            if x not in row_quant and shift is not None:
+                out += [helper.make_node("Add", [source, const(f"{p}_shift", shift)], [f"{p}_xp"], name=f"{p}_shift"),
+                        helper.make_node("ReduceMax", [f"{p}_xp", last_axis], [f"{p}_max"], name=f"{p}_rmax",
+                                         keepdims=1),
+                        helper.make_node("Mul", [f"{p}_max", inv255], [f"{p}_r0"], name=f"{p}_r0"),
+                        helper.make_node("Max", [f"{p}_r0", tiny], [f"{p}_r"], name=f"{p}_r"),
+                        helper.make_node("Div", [f"{p}_xp", f"{p}_r"], [f"{p}_xn"], name=f"{p}_xn"),
+                        helper.make_node("QuantizeLinear", [f"{p}_xn", one, zero], [f"{p}_q"], name=f"{p}_q")]
+                row_quant[x] = (f"{p}_q", f"{p}_r")
+            elif x not in row_quant:
+                out += [helper.make_node("Abs", [source], [f"{p}_abs"], name=f"{p}_abs"),
+                        helper.make_node("ReduceMax", [f"{p}_abs", last_axis], [f"{p}_max"], name=f"{p}_rmax",
+                                         keepdims=1),
+                        helper.make_node("Mul", [f"{p}_max", inv127], [f"{p}_r0"], name=f"{p}_r0"),
+                        helper.make_node("Max", [f"{p}_r0", tiny], [f"{p}_r"], name=f"{p}_r"),
+                        helper.make_node("Div", [source, f"{p}_r"], [f"{p}_xn"], name=f"{p}_xn"),
+                        helper.make_node("QuantizeLinear", [f"{p}_xn", one, zp], [f"{p}_q"], name=f"{p}_q")]
+                row_quant[x] = (f"{p}_q", f"{p}_r")
+            q, r = row_quant[x]
+            w = node.input[1]
+            if w not in quantized_weights:
+                weight = numpy_helper.to_array(inits[w]).astype(np.float32)
+                if smooth is not None:
+                    weight = weight * smooth[:, None]
+                wq, ws = quantize_columns(weight)
+                quantized_weights[w] = (const(f"{w}_rowwise_q", wq), const(f"{w}_rowwise_scale", ws))
+            wq_name, ws_name = quantized_weights[w]
+            n = f"{node.name or node.output[0]}_rowwise"
+            scaled = node.output[0] if shift is None else f"{n}_y"
+            out += [helper.make_node("MatMulInteger", [q, wq_name, zero if shift is not None else zp], [f"{n}_acc"],
+                                     name=f"{n}_mmi"),
+                    helper.make_node("Cast", [f"{n}_acc"], [f"{n}_f"], name=f"{n}_cast", to=TensorProto.FLOAT),
+                    helper.make_node("Mul", [f"{n}_f", ws_name], [f"{n}_w"], name=f"{n}_wscale"),
+                    helper.make_node("Mul", [f"{n}_w", r], [scaled], name=f"{n}_rscale")]
+            if shift is not None:
+                # (x + c) W' - c W': the shift's product with the int8 weight as dequantized, per column.
+                wq = numpy_helper.to_array(inits[wq_name] if wq_name in inits else
+                                           next(i for i in new_inits if i.name == wq_name)).astype(np.float32)
+                scale = next(i for i in new_inits if i.name == ws_name)
+                correction = (shift @ (wq * numpy_helper.to_array(scale)[None, :])).astype(np.float32)
+                out.append(helper.make_node("Sub", [scaled, const(f"{n}_shift_product", correction)],
+                                            [node.output[0]], name=f"{n}_unshift"))
+            replaced[node.output[0]] = out
+    rebuilt: list[Any] = []
+    for node in graph.node:
+        rebuilt.extend(replaced.get(node.output[0], [node]) if node.op_type == "MatMul" else [node])
+    del graph.node[:]
+    graph.node.extend(rebuilt)
+    used = {i for node in graph.node for i in node.input}
+    keep = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep + [i for i in new_inits if i.name in used])
+    onnx.save(model, str(dst))
+    return {"matmuls": len(nodes), "weights": len(quantized_weights), "row_quantizations": len(row_quant),
+            "smoothed_groups": smoothed}
