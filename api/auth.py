@@ -10,15 +10,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Request
+from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.exceptions import RedisError
 
-from api.deps import SettingsDep, get_services
 from api.errors import BrokerUnavailable, RateLimited, Unauthorized
+from api.settings import ApiSettings
 from toxfleet.keys import rate_key
 
 
@@ -40,11 +39,8 @@ bearer = HTTPBearer(auto_error=False, description="An API key from `TOXFLEET_API
 """Declares the bearer scheme in OpenAPI (the /docs Authorize button); the check itself is ours."""
 
 
-async def require_key(
-    request: Request,
-    settings: SettingsDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
-) -> str | None:
+async def check_key(request: Request, settings: ApiSettings, redis: aioredis.Redis,
+                    credentials: HTTPAuthorizationCredentials | None) -> str | None:
     """The caller's key id (its owner name for jobs and idempotency keys) when keys are configured;
     401 without a valid key, 429 over the limit."""
     keys = settings.api_key_list
@@ -56,9 +52,6 @@ async def require_key(
     ident = key_id(token)
     if settings.rate_limit:
         try:
-            # Redis from the services, not a dependency of its own: FastAPI would solve that on every
-            # request of every keyed route, rate limit on or off (≈ 1 % of the API's CPU per job).
-            redis = (await get_services(request)).redis
             count = await count_request(redis, rate_key(ident, int(time.time())))
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
@@ -66,6 +59,3 @@ async def require_key(
             raise RateLimited(f"rate limit of {settings.rate_limit} requests per second exceeded for this key")
     request.state.key_id = ident
     return ident
-
-
-KeyDep = Annotated[str | None, Depends(require_key)]

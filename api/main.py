@@ -41,7 +41,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app = FastAPI(title="toxfleet", version="0.1.0", lifespan=lifespan,
                   description="Toxicity scoring with Detoxify on a batched Celery worker fleet. "
                               "Submit with `POST /v1/jobs`, then `GET` the `Location` it returns.")
-    app.state.settings = settings  # read by api.deps.get_settings
+    app.state.settings = settings  # read by api.deps.get_caller
     errors.install(app)
     bodylimit.install(app, settings.max_body_bytes)
     # No /metrics route: metrics have a listener of their own (api.metrics_server), never this one.

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,9 @@ class Variant:
     api_args: tuple[str, ...] = ()
     flower: bool = False
     about: str = ""
+    hide: tuple[str, ...] = ()
+    """Modules the processes cannot import (a stub that raises ImportError, first on PYTHONPATH):
+    shows what an optional accelerator such as hiredis is worth, with the same venv on both sides."""
 
 QUIET = ("--loglevel=WARNING",)
 
@@ -66,6 +70,7 @@ VARIANTS: dict[str, Variant] = {
                          about="no worker gossip, mingle, heartbeat"),
     "no-metrics": Variant(env={"TOXFLEET_METRICS_PORT": "0", "TOXFLEET_API_METRICS_PORT": "0"},
                           about="Prometheus off in the worker (multiprocess files) and the API"),
+    "no-hiredis": Variant(hide=("hiredis",), about="redis-py's pure-Python RESP parser instead of hiredis"),
     "cache-on": Variant(env={"TOXFLEET_CACHE": "true"}, about="score cache on (corpus cycles: mostly hits)"),
     "all-off": Variant(env={"TOXFLEET_METRICS_PORT": "0", "TOXFLEET_API_METRICS_PORT": "0"},
                        worker_args=QUIET + ("--without-gossip", "--without-mingle", "--without-heartbeat"),
@@ -88,10 +93,17 @@ def start(variant: Variant, ckpt: Path, hf: Path, concurrency: int, redis_url: s
     """toxfleet as `bench.services.start_toxfleet` starts it, with the variant's changes, running the
     code in `tree` (Uvicorn and Celery import the app from their working directory first)."""
     port = free_port()
+    path = [str(tree)]
+    if variant.hide:
+        stubs = log_dir / "hidden-modules"
+        for module in variant.hide:
+            (stubs / module).mkdir(parents=True, exist_ok=True)
+            (stubs / module / "__init__.py").write_text(f"raise ImportError('{module} hidden by the bench variant')\n")
+        path.insert(0, str(stubs))
     env = {**model_env(ckpt, hf), "REDIS_URL": redis_url, "TOXFLEET_CONCURRENCY": str(concurrency),
            "TOXFLEET_METRICS_PORT": str(free_port()), "TOXFLEET_API_METRICS_PORT": str(free_port()),
            "TOXFLEET_API_KEYS": "", "TOXFLEET_RATE_LIMIT": "0",
-           "TOXFLEET_CACHE": "false", "PYTHONPATH": str(tree), **variant.env}
+           "TOXFLEET_CACHE": "false", "PYTHONPATH": os.pathsep.join(path), **variant.env}
     service = Service("toxfleet", log_dir)
     quiet = log_dir / "quiet-logging.json"
     quiet.write_text(json.dumps(QUIET_LOG_CONFIG))

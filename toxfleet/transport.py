@@ -7,6 +7,10 @@ state (each command takes a connection from the pool, which is thread-safe), so 
 pool serves every caller, the API's sending threads included. A new pool (kombu makes one after a
 disconnect) gets a new client.
 
+Acks also go together: kombu acks each message with its own pipeline (ZREM and HDEL in MULTI/EXEC, a
+round trip), and a worker that finishes a batch of n requests acks n messages in the same iteration of
+its event loop; they are held and removed from the unacked index in one pipeline at its end.
+
 `SentinelTransport` does the same over kombu's Sentinel transport: its channel's pool is the one
 redis-py's Sentinel keeps for the current master (a connection asks the sentinels where the master
 is when it connects), so a shared client follows a failover as kombu's own clients do.
@@ -14,9 +18,45 @@ is when it connects), so a shared client follows a failover as kombu's own clien
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+
+logger = logging.getLogger(__name__)
+
+
+class QoS(kombu_redis.QoS):  # type: ignore[misc]
+    """kombu's Redis ack emulation; on a transport driven by an event loop (the worker's consumer),
+    acks are held and sent together once per loop iteration (`flush_acks`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._held_acks: list[str] = []
+
+    def ack(self, delivery_tag: str) -> None:
+        if getattr(self.channel.connection, "acks_per_tick", False):
+            self._held_acks.append(delivery_tag)
+        else:
+            super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+
+    def flush_acks(self) -> None:
+        """Remove the held acks' messages from the unacked index in one pipeline. Holding an ack back
+        is always safe: until it lands the message is still unacked in Redis, and at worst (the
+        process dies in between, or Redis is away) it is restored and delivered again, as any unacked
+        message is; the worker skips a request whose result is already stored."""
+        held, self._held_acks = self._held_acks, []
+        if not held:
+            return
+        try:
+            with self.pipe_or_acquire() as pipe:
+                pipe.zrem(self.unacked_index_key, *held).hdel(self.unacked_key, *held).execute()
+        except Exception as exc:  # as kombu's Message.ack_log_error: logged, and the messages come back
+            logger.error("could not ack %d messages (%r); Redis delivers them again", len(held), exc)
+        # The consumer's prefetch count is released either way.
+        for tag in held:
+            virtual.QoS.ack(self, tag)  # type: ignore[no-untyped-call]
 
 
 class _SharedClient:
@@ -34,19 +74,49 @@ class _SharedClient:
         return client
 
 
+class _HeldAcks:
+    """Mixin for a kombu Redis channel and its transport: acks made while the event loop runs go
+    out together at the end of the loop iteration. Celery acks each finished request through
+    `hub.call_soon`, so a batch's acks all run in one iteration: n pipelines become one."""
+
+    acks_per_tick = False
+    channels: list[Any]
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)  # type: ignore[misc]
+        self.acks_per_tick = True
+        loop.on_tick.add(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        for channel in self.channels:
+            qos = channel._qos  # kombu makes it on first use: never create one here
+            if qos is not None:
+                qos.flush_acks()
+
+
 class Channel(_SharedClient, kombu_redis.Channel):  # type: ignore[misc]
-    pass
+    QoS = QoS
+
+    def close(self) -> None:
+        if self._qos is not None:
+            self._qos.flush_acks()  # what is still held lands before kombu restores what was never acked
+        super().close()  # type: ignore[no-untyped-call]
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(_HeldAcks, kombu_redis.Transport):  # type: ignore[misc]
     Channel = Channel
 
 
 class SentinelChannel(_SharedClient, kombu_redis.SentinelChannel):  # type: ignore[misc]
-    pass
+    QoS = QoS
+
+    def close(self) -> None:
+        if self._qos is not None:
+            self._qos.flush_acks()
+        super().close()  # type: ignore[no-untyped-call]
 
 
-class SentinelTransport(kombu_redis.SentinelTransport):  # type: ignore[misc]
+class SentinelTransport(_HeldAcks, kombu_redis.SentinelTransport):  # type: ignore[misc]
     Channel = SentinelChannel
 
 

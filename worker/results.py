@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from toxfleet import meta, pending
-from toxfleet.keys import lease_key
+from toxfleet.contract import job_of
+from toxfleet.keys import cancelled_key, lease_key
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +44,17 @@ local function store(key, seconds, value)
 end
 """
 
-# Atomically, per request: already final -> "final"; else take its lease (NX) and store STARTED ->
-# "claimed"; else another batch is scoring it right now -> "busy". KEYS: n result keys, then n lease
-# keys. ARGV: batch id, lease seconds, result seconds (0: no expiry), then n STARTED metas.
+# Atomically, per request: its job deleted -> "cancelled"; already final -> "final"; else take its lease
+# (NX) and store STARTED -> "claimed"; else another batch is scoring it right now -> "busy". KEYS: n result
+# keys, n lease keys, then n job-deleted marks. ARGV: batch id, lease seconds, result seconds (0: no
+# expiry), then n STARTED metas.
 _CLAIM = _LUA_HELPERS + """
-local n = #KEYS / 2
+local n = #KEYS / 3
 local out = {}
 for i = 1, n do
-  if is_final(KEYS[i]) then
+  if redis.call('EXISTS', KEYS[2 * n + i]) == 1 then
+    out[i] = 'cancelled'
+  elseif is_final(KEYS[i]) then
     out[i] = 'final'
   elseif redis.call('SET', KEYS[n + i], ARGV[1], 'NX', 'EX', ARGV[2]) then
     store(KEYS[i], ARGV[3], ARGV[3 + i])
@@ -99,6 +105,67 @@ return written
 """
 
 
+class _LeaseRenewer:
+    """One thread per process renewing the leases of every batch it is scoring. A thread per batch
+    cost a start and a join per pool call (≈ 4 % of a pool process's CPU at one or two requests per
+    batch, issue 11); batches of a process run one at a time, so there is rarely more than one entry."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        # batch id -> (client, lease keys, lease seconds, when its next renewal is due)
+        self._held: dict[str, tuple[Any, list[bytes | str], int, float]] = {}
+        self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
+        self._thread.start()
+
+    def add(self, batch_id: str, client: Any, keys: list[bytes | str], lease_seconds: int) -> None:
+        with self._lock:
+            self._held[batch_id] = (client, keys, lease_seconds, time.monotonic() + _renew_every(lease_seconds))
+            self._changed.notify()
+
+    def remove(self, batch_id: str) -> None:
+        with self._lock:
+            self._held.pop(batch_id, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [(b, c, k, s) for b, (c, k, s, at) in self._held.items() if at <= now]
+                for batch_id, client, keys, seconds in due:
+                    self._held[batch_id] = (client, keys, seconds, now + _renew_every(seconds))
+                if not due:
+                    nxt = min((at for *_, at in self._held.values()), default=None)
+                    self._changed.wait(None if nxt is None else nxt - now)
+                    continue
+            # Outside the lock: a slow Redis must not hold up the batches registering or leaving. A
+            # renewal that lands after its batch left is harmless: the script only extends leases
+            # that still name this batch, and the batch's result write deleted them.
+            for batch_id, client, keys, seconds in due:
+                try:
+                    client.eval(_RENEW, len(keys), *keys, batch_id, seconds)
+                except Exception as exc:  # Redis away: the next renewal tries again; expiry is the fallback
+                    logger.warning("batch %s: could not renew its leases (%r)", batch_id, exc)
+
+
+def _renew_every(lease_seconds: int) -> float:
+    return max(lease_seconds / 3, 0.1)
+
+
+_renewers: dict[int, _LeaseRenewer] = {}
+
+
+def _renewer() -> _LeaseRenewer:
+    """This process's renewer, started on first use (a forked child starts its own: threads do not
+    survive a fork)."""
+    pid = os.getpid()
+    renewer = _renewers.get(pid)
+    if renewer is None:
+        _renewers.clear()
+        renewer = _renewers[pid] = _LeaseRenewer()
+    return renewer
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One request's final result: `result` on success, `error` (an exception) on failure, and
@@ -141,15 +208,18 @@ class ResultStore:
     def claim(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int,
               extra: dict[str, Any]) -> list[str]:
         """Take the requests this batch will score, in one atomic round trip: per task id "claimed"
-        (leased to this batch and stored as STARTED, which the API reports as running), "final" (a
-        result is already stored: a redelivery) or "busy" (another batch holds its lease: a
-        redelivery while that batch runs or before its lease expired after its worker died; the
-        caller must leave this message unacked, for Redis to redeliver)."""
+        (leased to this batch and stored as STARTED, which the API reports as running), "cancelled"
+        (its job was deleted, `DELETE /v1/jobs/{id}`: nothing is stored), "final" (a result is
+        already stored: a redelivery) or "busy" (another batch holds its lease: a redelivery while that
+        batch runs or before its lease expired after its worker died; the caller must leave this
+        message unacked, for Redis to redeliver)."""
         if not task_ids:
             return []
         metas = [self._backend.encode(meta.build(meta.STARTED, None, task_id=t, date_done=None, extra=extra))
                  for t in task_ids]
-        keys = [self._key(t) for t in task_ids] + [lease_key(t) for t in task_ids]
+        # The deletion mark is read in the same script: one round trip per batch, not two.
+        keys = [self._key(t) for t in task_ids] + [lease_key(t) for t in task_ids] \
+            + [cancelled_key(job_of(t)) for t in task_ids]
         answer = self._backend.client.eval(_CLAIM, len(keys), *keys, batch_id, lease_seconds, self._expires or 0,
                                            *metas)
         return [a.decode() if isinstance(a, bytes) else str(a) for a in answer]
@@ -160,25 +230,15 @@ class ResultStore:
         so does a delivery: a batch slower than that (a loaded host) would otherwise find its requests
         redelivered by kombu's restore with their leases expired, claimed by a second batch and scored
         and stored twice. Renewed every third of a lease, so two missed renewals still leave it held."""
-        stop = threading.Event()
-
-        def renew() -> None:
-            while not stop.wait(max(lease_seconds / 3, 0.1)):
-                try:
-                    self._backend.client.eval(_RENEW, len(task_ids), *[lease_key(t) for t in task_ids], batch_id,
-                                              lease_seconds)
-                except Exception as exc:  # Redis away: the next renewal tries again; expiry is the fallback
-                    logger.warning("batch %s: could not renew its leases (%r)", batch_id, exc)
-
-        thread = threading.Thread(target=renew, name=f"lease-{batch_id}", daemon=True)
-        if task_ids:
-            thread.start()
+        if not task_ids:
+            yield
+            return
+        renewer = _renewer()
+        renewer.add(batch_id, self._backend.client, [lease_key(t) for t in task_ids], lease_seconds)
         try:
             yield
         finally:
-            stop.set()
-            if task_ids:
-                thread.join()
+            renewer.remove(batch_id)
 
     def release(self, task_ids: Sequence[str], batch_id: str) -> None:
         """Give up this batch's leases (its pool process died), so a retry can claim the requests."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from toxfleet import contract, keys, pending
+from toxfleet import contract, pending
 from toxfleet import redis_url as urls
 from toxfleet.cache import ScoreCache, Scores, namespace
 from worker import metrics, state
@@ -109,19 +109,17 @@ class ScoreTask(BatchTask):
                                  "batch": {"id": batch_id, "requests": len(requests), "pid": os.getpid()},
                                  "started_at": datetime.now(UTC).isoformat()}
         outcomes: dict[str, dict[str, Any]] = {}
-        # A deleted job's requests not yet scored are acked unscored.
-        for rid in self._cancelled(requests):
-            outcomes[rid] = {"state": "SKIPPED", "summary": "job deleted"}
-        metrics.count_tasks("cancelled", len(outcomes))
-        requests_left = [r for r in requests if r["id"] not in outcomes]
-
         texts: dict[str, list[str]] = {}
         modes: dict[str, str] = {}
         failed: list[Outcome] = []
-        # A redelivered request is never scored twice: not after its result is stored ("final"),
-        # nor while another batch scores it ("busy"; the lease lasts as long as a delivery may).
-        claims = store.claim([r["id"] for r in requests_left], batch_id, settings.visibility_timeout, extra)
-        for req, claim in zip(requests_left, claims, strict=True):
+        # A deleted job's requests are acked unscored. A redelivered request is never scored twice:
+        # not after its result is stored ("final"), nor while another batch scores it ("busy"; the
+        # lease lasts as long as a delivery may).
+        claims = store.claim([r["id"] for r in requests], batch_id, settings.visibility_timeout, extra)
+        for req, claim in zip(requests, claims, strict=True):
+            if claim == "cancelled":
+                outcomes[req["id"]] = {"state": "SKIPPED", "summary": "job deleted"}
+                continue
             if claim == "final":
                 outcomes[req["id"]] = {"state": "SKIPPED", "summary": "duplicate delivery (result already stored)"}
                 continue
@@ -141,7 +139,7 @@ class ScoreTask(BatchTask):
 
         # Held (renewed) until the results are stored: a slow batch must not lose its requests to a
         # redelivery that finds their leases expired and scores them a second time.
-        claimed = [r["id"] for r, c in zip(requests_left, claims, strict=True) if c == "claimed"]
+        claimed = [r["id"] for r, c in zip(requests, claims, strict=True) if c == "claimed"]
         with store.holding(claimed, batch_id, settings.visibility_timeout):
             # Cached texts skip the model; only the rest are scored, then cached in turn.
             cached = self._cached(scorer.backend, texts, modes, batch_id)
@@ -153,7 +151,9 @@ class ScoreTask(BatchTask):
 
             store.store(done + failed, extra)
         deferred = sum(1 for o in outcomes.values() if o["state"] == "DEFERRED")
-        metrics.count_tasks("skipped", len(requests_left) - len(texts) - len(failed) - deferred)
+        cancelled = claims.count("cancelled")
+        metrics.count_tasks("cancelled", cancelled)
+        metrics.count_tasks("skipped", len(requests) - cancelled - len(texts) - len(failed) - deferred)
         metrics.count_tasks("deferred", deferred)
         metrics.count_tasks("succeeded", sum(1 for o in done if o.error is None))
         metrics.count_failures("invalid", len(failed))
@@ -164,17 +164,6 @@ class ScoreTask(BatchTask):
         for summary in outcomes.values():
             summary["runtime"] = runtime
         return [outcomes[r["id"]] for r in requests]
-
-    def _cancelled(self, requests: list[dict[str, Any]]) -> set[str]:
-        """Ids of the requests whose job was deleted (`DELETE /v1/jobs/{id}`); none if Redis is away
-        (then they are scored: a wasted pass, never a lost one)."""
-        jobs = sorted({contract.job_of(r["id"]) for r in requests})
-        try:
-            marks = self.backend.client.mget([keys.cancelled_key(j) for j in jobs])
-        except RedisError:
-            return set()
-        gone = {j for j, m in zip(jobs, marks, strict=True) if m is not None}
-        return {r["id"] for r in requests if contract.job_of(r["id"]) in gone}
 
     def _cached(self, backend: Any, texts: dict[str, list[str]], modes: dict[str, str],
                 batch_id: str) -> dict[str, list[Scores | None]]:

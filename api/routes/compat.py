@@ -10,14 +10,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query
 
-from api.auth import KeyDep
-from api.deps import ReadDep, SettingsDep, SubmitDep
+from api.deps import Caller, CallerDep
 from api.errors import ScoringFailed, ScoringTimeout
 from api.routes.jobs import check_texts
 from api.schemas import BODY_TOO_LARGE, OVERLOADED, UNAUTHORIZED, UNAVAILABLE, VALIDATION, problem_responses
-from api.services.read import ReadService
-from api.services.submit import SubmitService
-from api.settings import ApiSettings
 
 router = APIRouter(tags=["compatibility"])
 
@@ -32,10 +28,10 @@ _ERRORS = problem_responses({
 })
 
 
-async def _score(texts: list[str], submit: SubmitService, read: ReadService,
-                 settings: ApiSettings, key: str | None) -> list[dict[str, float]]:
-    job_id = (await submit.submit(texts, owner=key)).job_id
-    view = await read.get(job_id, wait=settings.compat_timeout, owner=key)
+async def _score(texts: list[str], caller: Caller) -> list[dict[str, float]]:
+    settings, services = caller.settings, caller.services
+    job_id = (await services.submit.submit(texts, owner=caller.key)).job_id
+    view = await services.read.get(job_id, wait=settings.compat_timeout, owner=caller.key)
     if view.status == "failed":
         raise ScoringFailed(view.error or "scoring failed")
     if view.results is None:
@@ -45,17 +41,15 @@ async def _score(texts: list[str], submit: SubmitService, read: ReadService,
 
 
 @router.get("/toxicity", responses=_ERRORS)
-async def toxicity(q: Annotated[str, Query(description="The text to score.")], submit: SubmitDep, read: ReadDep,
-                   settings: SettingsDep, key: KeyDep) -> dict[str, float]:
+async def toxicity(q: Annotated[str, Query(description="The text to score.")], caller: CallerDep) -> dict[str, float]:
     """Score one text; returns {label: probability}."""
-    check_texts([q], settings, loc=("query", "q"))
-    return (await _score([q], submit, read, settings, key))[0]
+    check_texts([q], caller.settings, loc=("query", "q"))
+    return (await _score([q], caller))[0]
 
 
 @router.post("/toxicity/batch", responses=_ERRORS)
 async def toxicity_batch(texts: Annotated[list[str], Body(min_length=1, description="Texts to score.")],
-                         submit: SubmitDep, read: ReadDep, settings: SettingsDep,
-                         key: KeyDep) -> list[dict[str, float]]:
+                         caller: CallerDep) -> list[dict[str, float]]:
     """Score a JSON list of texts; returns one {label: probability} per text, in order."""
-    check_texts(texts, settings, loc=("body",))
-    return await _score(texts, submit, read, settings, key)
+    check_texts(texts, caller.settings, loc=("body",))
+    return await _score(texts, caller)

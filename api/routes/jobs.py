@@ -7,8 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 
-from api.auth import KeyDep
-from api.deps import ReadDep, SettingsDep, SubmitDep
+from api.deps import CallerDep
 from api.schemas import (
     BODY_TOO_LARGE,
     JOB_ID_PATTERN,
@@ -68,20 +67,19 @@ def to_job(view: JobView) -> Job:
 async def submit_job(
     body: JobRequest,
     response: Response,
-    jobs: SubmitDep,
-    settings: SettingsDep,
-    key: KeyDep,
+    caller: CallerDep,
     idempotency_key: Annotated[str | None, Header(
         min_length=1, max_length=255,
         description="Retrying with the same key returns the same job (remembered for `idempotency_ttl`); "
                     "the same key with a different body is 422.")] = None,
 ) -> JobAccepted:
     """Enqueue texts for scoring; poll the Location it returns."""
+    settings = caller.settings
     check_texts(body.texts, settings)
     thresholds = settings.base_thresholds.override(body.thresholds)
-    job_id, created, status = await jobs.submit(body.texts, idempotency_key, fingerprint=body.model_dump_json(),
-                                        long_text=body.long_text, thresholds=thresholds, owner=key,
-                                                priority=body.priority)
+    job_id, created, status = await caller.services.submit.submit(
+        body.texts, idempotency_key, fingerprint=body.model_dump_json(), long_text=body.long_text,
+        thresholds=thresholds, owner=caller.key, priority=body.priority)
     url = f"/v1/jobs/{job_id}"
     response.headers["Location"] = url
     response.headers["Retry-After"] = str(settings.retry_after)
@@ -93,11 +91,10 @@ async def submit_job(
 @router.delete("/{job_id}", status_code=204, response_class=Response, responses=_ERRORS)
 async def delete_job(
     job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The id `POST /v1/jobs` returned.")],
-    jobs: SubmitDep,
-    key: KeyDep,
+    caller: CallerDep,
 ) -> Response:
     """Forget the job: a later GET is 404, and workers skip its texts not yet scored."""
-    await jobs.delete(job_id, owner=key)
+    await caller.services.submit.delete(job_id, owner=caller.key)
     return Response(status_code=204)
 
 
@@ -105,16 +102,15 @@ async def delete_job(
 async def get_job(
     job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The id `POST /v1/jobs` returned.")],
     response: Response,
-    jobs: ReadDep,
-    settings: SettingsDep,
-    key: KeyDep,
+    caller: CallerDep,
     wait: Annotated[float, Query(ge=0, description="Seconds to wait for the job to finish (long-poll).")] = 0,
 ) -> Job:
     """The job's status, and its results once succeeded."""
+    settings = caller.settings
     if wait > settings.max_wait:
         raise RequestValidationError([{"type": "less_than_equal", "loc": ("query", "wait"), "input": wait,
                                        "msg": f"wait must be at most {settings.max_wait} seconds"}])
-    view = await jobs.get(job_id, wait=wait, owner=key)
+    view = await caller.services.read.get(job_id, wait=wait, owner=caller.key)
     if not view.finished:
         response.headers["Retry-After"] = str(settings.retry_after)
     return to_job(view)

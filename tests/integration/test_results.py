@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 from testing import RedisServer
-from toxfleet.keys import LEASE_PREFIX
+from toxfleet.keys import LEASE_PREFIX, cancelled_key
 from worker.results import Outcome, ResultStore
 
 
@@ -38,6 +38,18 @@ def test_claim_after_a_stored_result_is_final(store: tuple[ResultStore, Any]) ->
     assert app.backend.client.exists(LEASE_PREFIX + "t1") == 0
     assert s.claim(["t1"], "batchB", 60, {}) == ["final"]
     assert app.backend.get_task_meta("t1")["result"] == [{"toxicity": 0.5}]
+
+
+def test_claim_reports_a_deleted_job_and_leaves_it_alone(store: tuple[ResultStore, Any]) -> None:
+    """A request whose job was deleted (`DELETE /v1/jobs/{id}` leaves a mark) is "cancelled", read in the
+    same script as the claim: no lease is taken and nothing is stored, while its neighbours in the batch
+    (another job, a direct call with no job) are claimed as usual."""
+    s, app = store
+    app.backend.client.set(cancelled_key("gone"), "1")
+    assert s.claim(["gone.0", "kept.0", "direct"], "batchA", 60, {}) == ["cancelled", "claimed", "claimed"]
+    assert app.backend.client.exists(LEASE_PREFIX + "gone.0") == 0
+    assert app.backend.get_task_meta("gone.0")["status"] == "PENDING"  # nothing stored
+    assert app.backend.get_task_meta("kept.0")["status"] == "STARTED"
 
 
 def test_release_only_drops_the_batch_s_own_leases(store: tuple[ResultStore, Any]) -> None:

@@ -1,0 +1,64 @@
+"""toxfleet's kombu transport against a real Redis: acks made in one iteration of the worker's event
+loop reach Redis together, at its end."""
+
+from __future__ import annotations
+
+from kombu.asynchronous import Hub
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
+
+from testing import RedisServer
+from toxfleet.transport import Transport
+
+
+def _three_delivered(conn: Connection) -> list[object]:
+    channel = conn.default_channel
+    queue = Queue("q", Exchange("q"), routing_key="q")  # type: ignore[no-untyped-call]
+    producer = conn.Producer(channel=channel)
+    for i in range(3):
+        producer.publish({"i": i}, exchange=queue.exchange, routing_key="q", declare=[queue])
+    channel.basic_qos(prefetch_size=0, prefetch_count=3, apply_global=False)
+    return [channel.basic_get("q") for _ in range(3)]
+
+
+def test_acks_in_a_loop_iteration_are_one_round_trip_at_its_end(clean_redis: RedisServer) -> None:
+    """Until the loop's tick the acked messages stay unacked in Redis (a crash there means redelivery,
+    never loss); then one ZREM and one HDEL remove them all, and the consumer's prefetch is released."""
+    hub = Hub()
+    with Connection(clean_redis.url, transport=Transport) as conn:
+        messages = _three_delivered(conn)
+        channel = conn.default_channel
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        r = clean_redis.client()
+        assert r.hlen("unacked") == 3 == r.zcard("unacked_index") and not channel.qos.can_consume()
+        r.config_resetstat()
+        for m in messages:
+            m.ack()  # type: ignore[attr-defined]
+        assert r.hlen("unacked") == 3  # held until the iteration ends
+        for tick in list(hub.on_tick):
+            tick()
+        assert r.hlen("unacked") == 0 == r.zcard("unacked_index")
+        stats = r.info("commandstats")
+        assert stats["cmdstat_zrem"]["calls"] == 1 and stats["cmdstat_hdel"]["calls"] == 1
+        assert channel.qos.can_consume()
+    hub.close()
+
+
+def test_without_an_event_loop_an_ack_goes_at_once(clean_redis: RedisServer) -> None:
+    """A connection no loop drives (the API's, a script's) acks each message when asked."""
+    with Connection(clean_redis.url, transport=Transport) as conn:
+        _three_delivered(conn)[0].ack()  # type: ignore[attr-defined]
+        assert clean_redis.client().hlen("unacked") == 2
+
+
+def test_closing_the_channel_sends_what_is_held(clean_redis: RedisServer) -> None:
+    hub = Hub()
+    with Connection(clean_redis.url, transport=Transport) as conn:
+        messages = _three_delivered(conn)
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        messages[0].ack()  # type: ignore[attr-defined]
+        conn.default_channel.close()
+    r = clean_redis.client()
+    # The acked one is gone; the two never acked are back in the queue (kombu restores them on close).
+    assert r.hlen("unacked") == 0 and r.llen("q") == 2
+    hub.close()
