@@ -12,6 +12,12 @@ from typing import Any
 from toxfleet.contract import QUEUE
 from toxfleet.redis_url import celery_target
 
+DEFAULT_VISIBILITY_TIMEOUT = 120
+"""`TOXFLEET_VISIBILITY_TIMEOUT`'s default (API and workers alike): seconds after which Redis redelivers
+a message whose worker stopped renewing it (died). A live worker renews every message it holds every
+quarter of this (`worker.batching`), so it bounds only recovery after a dead worker: about this + 5 s
+(kombu's restore scan) + one batch."""
+
 SHARED_CLIENT_TRANSPORT = "toxfleet.transport:Transport"
 """kombu's Redis transport with one Redis client per channel instead of one per command (`toxfleet.transport`)."""
 

@@ -106,3 +106,65 @@ def test_interactive_requests_go_ahead_of_buffered_bulk_ones() -> None:
     assert [r.id for r, _ in task._buffer] == ["i0", "i1", "b0", "b1", "b2"]
     task._flush()
     assert pool.calls == [["i0"]]
+
+
+class _Channel:
+    closed = False
+
+
+class _Message:
+    def __init__(self, tag: str, channel: _Channel) -> None:
+        self.delivery_tag = tag
+        self.channel = channel
+
+
+class _HeldRequest:
+    """A request with a delivered message (hashable, as Celery's worker state needs)."""
+
+    def __init__(self, id: str, channel: _Channel) -> None:
+        self.id = id
+        self.args: list[Any] = [["x"]]
+        self.kwargs: dict[str, Any] = {}
+        self.request_dict: dict[str, Any] = {"retries": 0}
+        self.delivery_info: dict[str, Any] = {}
+        self.message = _Message(f"tag-{id}", channel)
+        self.acked = False
+
+    def acknowledge(self) -> None:
+        self.acked = True
+
+
+class _CallbackPool(_Pool):
+    def __init__(self, processes: int) -> None:
+        super().__init__(processes)
+        self.on_return: list[Any] = []
+
+    def apply_async(self, fn: Any, args: tuple[Any, ...], **kw: Any) -> None:
+        super().apply_async(fn, args)
+        self.on_return.append(kw["callback"])
+
+
+def test_renews_every_held_message_and_lets_a_deferred_one_go(monkeypatch: Any) -> None:
+    """The main process renews the messages it holds, buffered and in a running batch; once a batch
+    returns, a request it deferred (leased to another batch) is unacked but no longer renewed, so
+    Redis redelivers it after the visibility timeout. A closed channel's messages are not renewed."""
+    renewed: list[list[str]] = []
+    monkeypatch.setattr("worker.batching.renew_deliveries", lambda channel, tags, now: renewed.append(sorted(tags)))
+    task = BatchTask()
+    pool = _CallbackPool(1)
+    task._pool = pool
+    task.batch_tokens = 100
+    live, closed = _Channel(), _Channel()
+    closed.closed = True
+    r0, r1, gone = _HeldRequest("r0", live), _HeldRequest("r1", live), _HeldRequest("gone", closed)
+    for req in (r0, r1, gone):
+        task._buffer.append((req, 100))  # type: ignore[arg-type]
+    task._flush()
+    assert pool.calls == [["r0"]]
+    task._renew_held()
+    assert renewed == [["tag-r0", "tag-r1"]]
+    pool.on_return[0]([{"state": "DEFERRED", "summary": "leased to another batch"}])
+    assert not r0.acked and pool.calls[-1] == ["r1"]
+    renewed.clear()
+    task._renew_held()
+    assert renewed == [["tag-r1"]]
