@@ -38,6 +38,11 @@ def celery_config(*, visibility_timeout: int, result_expires: int, redis_url: st
         # visibility_timeout + 5 s.
         "unacked_restore_interval": 5,
         "unacked_restore_throttle": 1,
+        # One worker restores at a time, under a Redis lock that a worker killed -9 mid-scan leaves
+        # held until it expires (kombu's default: 300 s, which would hold a dead worker's messages
+        # back for five minutes). A scan takes milliseconds; two overlapping are harmless (each
+        # message is restored in a WATCH transaction on the unacked hash, once).
+        "unacked_mutex_expire": 10,
     }
     # kombu's Redis transport reads several queues round-robin by default; "priority" always asks
     # them in the worker's order (interactive first), so bulk work never delays interactive work.
