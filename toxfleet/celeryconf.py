@@ -12,7 +12,7 @@ from typing import Any
 from toxfleet.contract import QUEUE
 from toxfleet.redis_url import celery_target
 
-DEFAULT_VISIBILITY_TIMEOUT = 120
+DEFAULT_VISIBILITY_TIMEOUT = 15
 """`TOXFLEET_VISIBILITY_TIMEOUT`'s default (API and workers alike): seconds after which Redis redelivers
 a message whose worker stopped renewing it (died). A live worker renews every message it holds every
 quarter of this (`worker.batching`), so it bounds only recovery after a dead worker: about this + 5 s
