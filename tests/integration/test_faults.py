@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,14 +163,31 @@ def test_sigkill_whole_worker_then_replacement(attempt: int, env: dict[str, Any]
     running_batch_pid(env["redis"].url, among=lambda: child_pids(parent))
     os.killpg(first.proc.pid, signal.SIGKILL)
     t0 = time.monotonic()
+    # Every unacked message is the dead worker's until the replacement starts consuming: watch for
+    # the moment the last of them has been restored (taken out of the unacked hash) by the replacement.
+    client = redis.Redis.from_url(env["redis"].url)
+    held = list(client.hkeys(UNACKED_KEY))
+    assert held, "the killed worker held no message"
+    restored_after: list[float] = []
+
+    def watch() -> None:
+        while any(client.hmget(UNACKED_KEY, held)):
+            time.sleep(0.1)
+        restored_after.append(time.monotonic() - t0)
+
+    threading.Thread(target=watch, daemon=True).start()
     replacement = worker(env, "replacement")
     load.settle(150)
     recovery = time.monotonic() - t0
     s = summarize("sigkill-whole-worker", load, env["observer"], recovery)
     assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
-    # Bound (docs/reliability.md): visibility + 5 s restore scan + one batch; 30 s cover the replacement's
-    # start (two model loads) and a batch on a loaded 2-core host.
-    assert recovery < float(VISIBILITY) + 5 + 30
+    assert restored_after, "the dead worker's messages were never restored"
+    record("whole-worker-restored", {"messages": len(held), "lost": 0, "duplicated": 0}, restored_after[0])
+    # The bound (docs/reliability.md) is visibility + 5 s (restore scan) + one batch. Its first part
+    # is the mechanism's and is held tightly (3 s for a scan delayed on a loaded host); the batch of the
+    # restored requests is CPU (18.6 s for 14 of them in one process at load 9), allowed 60 s.
+    assert restored_after[0] < float(VISIBILITY) + 5 + 3, restored_after
+    assert recovery < float(VISIBILITY) + 5 + 60
     assert "deferred" not in replacement.output()  # no claimed request came back before its lease expired
     check_scores(load, reference)
 
