@@ -162,16 +162,26 @@ def test_sigkill_whole_worker_then_replacement(attempt: int, env: dict[str, Any]
     parent = first.proc.pid
     running_batch_pid(env["redis"].url, among=lambda: child_pids(parent))
     os.killpg(first.proc.pid, signal.SIGKILL)
-    t0 = time.monotonic()
+    t0, killed_at = time.monotonic(), time.time()
     # Every unacked message is the dead worker's until the replacement starts consuming: watch for
-    # the moment the last of them has been restored (taken out of the unacked hash) by the replacement.
+    # the moment the last of them has been restored. A restored message keeps its delivery tag, so
+    # "restored" is: its entry in kombu's unacked index is gone (back in the queue) or carries a
+    # delivery time after the kill (delivered again); the dead worker's renewals all predate it.
     client = redis.Redis.from_url(env["redis"].url)
+    index = KombuChannel.unacked_index_key
     held = list(client.hkeys(UNACKED_KEY))
     assert held, "the killed worker held no message"
     restored_after: list[float] = []
 
     def watch() -> None:
-        while any(client.hmget(UNACKED_KEY, held)):
+        left = set(held)
+        while left:
+            tags = list(left)
+            with client.pipeline(transaction=False) as pipe:
+                for tag in tags:
+                    pipe.zscore(index, tag)
+                scores = pipe.execute()
+            left = {tag for tag, score in zip(tags, scores, strict=True) if score is not None and score <= killed_at}
             time.sleep(0.1)
         restored_after.append(time.monotonic() - t0)
 
