@@ -181,8 +181,9 @@ class BatchTask(Task):  # type: ignore[misc]
 
     def _start_renewing(self, timer: Any) -> None:
         """Call `_renew_held` every `renew_every` seconds on the consumer's timer: in the worker's
-        event loop (the thread that receives, buffers and acks messages, so the buffer is read where
-        it is written), and only while this main process lives. A consumer restart (reconnect) builds
+        event loop (the thread that receives, buffers and acks messages), and only while this main
+        process lives; during a warm shutdown Celery keeps firing that timer while the pool drains,
+        so the batches still running keep their messages. A consumer restart (reconnect) builds
         the strategy again: the old entry is cancelled first, so one timer entry renews, not one per
         reconnect."""
         if self._renewal is not None:
@@ -196,7 +197,10 @@ class BatchTask(Task):  # type: ignore[misc]
         or in a batch that has not returned. A request left unacked after its batch returned
         (DEFERRED: another batch's lease) is not held: its message must come back, from Redis, one
         visibility timeout later."""
-        return [r for r, _ in self._buffer] + [r for batch in self._batches.values() for r in batch]
+        # Copied first, each in one C-level step: during a warm shutdown Celery fires the event loop's
+        # timers from a thread of its own while the pool drains and batches return.
+        buffered, batches = list(self._buffer), list(self._batches.values())
+        return [r for r, _ in buffered] + [r for batch in batches for r in batch]
 
     def _renew_held(self) -> None:
         """Renew, in the broker's unacked index, the delivery time of every held message (one round
