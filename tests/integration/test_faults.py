@@ -195,9 +195,10 @@ def test_sigkill_whole_worker_then_replacement(attempt: int, env: dict[str, Any]
     record("whole-worker-restored", {"messages": len(held), "lost": 0, "duplicated": 0}, restored_after[0])
     # The bound (docs/reliability.md) is visibility + 5 s (restore scan) + one batch. Its first part
     # is the mechanism's and is held tightly (3 s for a scan delayed on a loaded host); the batch of the
-    # restored requests is CPU (18.6 s for 14 of them in one process at load 9), allowed 60 s.
+    # restored requests is CPU, allowed 90 s: at load 11-12, with the suite on two processes, the
+    # replacement scored them in two batches of 29 and 32 texts that took 50 and 57 s.
     assert restored_after[0] < float(VISIBILITY) + 5 + 3, restored_after
-    assert recovery < float(VISIBILITY) + 5 + 60
+    assert recovery < float(VISIBILITY) + 5 + 90
     assert "deferred" not in replacement.output()  # no claimed request came back before its lease expired
     check_scores(load, reference)
 
