@@ -182,8 +182,9 @@ class BatchTask(Task):  # type: ignore[misc]
     def _start_renewing(self, timer: Any) -> None:
         """Call `_renew_held` every `renew_every` seconds on the consumer's timer: in the worker's
         event loop (the thread that receives, buffers and acks messages), and only while this main
-        process lives; during a warm shutdown Celery keeps firing that timer while the pool drains,
-        so the batches still running keep their messages. A consumer restart (reconnect) builds
+        process lives (during a warm shutdown Celery goes on firing that timer, from a thread, while
+        the pool drains; messages of a channel already closed are skipped, kombu restored them at
+        the close). A consumer restart (reconnect) builds
         the strategy again: the old entry is cancelled first, so one timer entry renews, not one per
         reconnect."""
         if self._renewal is not None:
