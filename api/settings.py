@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from toxfleet import contract
 from toxfleet import redis_url as urls
+from toxfleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
 from toxfleet.keys import DEFAULT_REDIS_URL
 from toxfleet.thresholds import DEFAULT_THRESHOLD, Thresholds, check_labels
 
@@ -37,7 +38,7 @@ class ApiSettings(BaseSettings):
     retry_after: int = Field(1, ge=1, le=3600, description="Seconds suggested in Retry-After while a job runs.")
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400,
                                 description="Seconds a job and its results are kept (match the workers').")
-    visibility_timeout: int = Field(120, ge=5, le=86_400,
+    visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=5, le=86_400,
                                     description="Redis redelivery timeout (must match the workers').")
     redis_timeout: float = Field(1.0, gt=0, le=30,
                                  description="Seconds before a Redis operation is given up (503 to the client).")

@@ -12,6 +12,12 @@ from typing import Any
 from toxfleet.contract import QUEUE
 from toxfleet.redis_url import celery_target
 
+DEFAULT_VISIBILITY_TIMEOUT = 15
+"""`TOXFLEET_VISIBILITY_TIMEOUT`'s default (API and workers alike): seconds after which Redis redelivers
+a message whose worker stopped renewing it (died). A live worker renews every message it holds every
+quarter of this (`worker.batching`), so it bounds only recovery after a dead worker: about this + 5 s
+(kombu's restore scan) + one batch."""
+
 SHARED_CLIENT_TRANSPORT = "toxfleet.transport:Transport"
 """kombu's Redis transport with one Redis client per channel instead of one per command (`toxfleet.transport`)."""
 
@@ -32,6 +38,11 @@ def celery_config(*, visibility_timeout: int, result_expires: int, redis_url: st
         # visibility_timeout + 5 s.
         "unacked_restore_interval": 5,
         "unacked_restore_throttle": 1,
+        # One worker restores at a time, under a Redis lock that a worker killed -9 mid-scan leaves
+        # held until it expires (kombu's default: 300 s, which would hold a dead worker's messages
+        # back for five minutes). A scan takes milliseconds; two overlapping are harmless (each
+        # message is restored in a WATCH transaction on the unacked hash, once).
+        "unacked_mutex_expire": 10,
     }
     # kombu's Redis transport reads several queues round-robin by default; "priority" always asks
     # them in the worker's order (interactive first), so bulk work never delays interactive work.

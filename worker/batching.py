@@ -20,6 +20,11 @@ that library was measured to hurt a latency-sensitive model server:
   request was one more publish on the consumer's hot path (and one more event for Flower to consume);
   a request appears in Flower when it finishes, not while it waits. Worker state
   (`inspect active/reserved`) stays accurate.
+- **Held messages stay held.** Every `renew_every` seconds the main process renews, in the broker's
+  unacked index, the delivery time of every message it holds (buffered or in a batch not yet
+  returned), so Redis redelivers a message only when the worker holding it has died, however long
+  it waited or ran here; a dead worker's messages come back one visibility timeout after its last
+  renewal.
 
 ETA/countdown are not supported: a scoring request is wanted now.
 """
@@ -42,6 +47,7 @@ from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
 from kombu.utils.uuid import uuid
 
 from toxfleet.contract import SENT_AT_HEADER
+from toxfleet.transport import renew_deliveries
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +94,9 @@ class BatchTask(Task):  # type: ignore[misc]
     max_retries: int = 2
     bulk_queues: frozenset[str] = frozenset()
     """Queues of low-priority work: buffered behind every request from another queue."""
+    renew_every: float = 0.0
+    """Seconds between two renewals of the held messages' delivery times (`_renew_held`); 0: none.
+    Must be well under the broker's visibility timeout."""
 
     def __init__(self) -> None:
         # Created once per task object, not per Strategy call: Celery rebuilds strategies when the
@@ -95,7 +104,9 @@ class BatchTask(Task):  # type: ignore[misc]
         self._buffer: deque[tuple[Request, int]] = deque()
         self._in_flight: dict[str, int] = {}  # batch id -> its estimated tokens
         self._unaccepted: set[str] = set()  # batches handed to the pool that no process has started
+        self._batches: dict[str, list[Request]] = {}  # batch id -> its requests, until it returns
         self._pool: Any = None
+        self._renewal: Any = None  # the consumer timer's entry that calls _renew_held
 
     def run_batch(self, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -130,6 +141,7 @@ class BatchTask(Task):  # type: ignore[misc]
     def Strategy(self, task: BatchTask, app: Any, consumer: Any) -> Callable[..., None]:  # noqa: N802
         self._forget_discarded()
         self._pool = consumer.pool
+        self._start_renewing(consumer.timer)
         hostname = consumer.hostname
         eventer = consumer.event_dispatcher
         connection_errors = consumer.connection_errors
@@ -173,12 +185,57 @@ class BatchTask(Task):  # type: ignore[misc]
         will be delivered again, and their old delivery tags can no longer be acked."""
         for batch_id in self._unaccepted:
             self._in_flight.pop(batch_id, None)
+            self._batches.pop(batch_id, None)
         if self._unaccepted or self._buffer:
             logger.warning("consumer restarted: %d batches the pool discarded and %d buffered requests "
                            "dropped; the broker delivers their messages again", len(self._unaccepted),
                            len(self._buffer))
         self._unaccepted.clear()
         self._buffer.clear()
+
+    def _start_renewing(self, timer: Any) -> None:
+        """Call `_renew_held` every `renew_every` seconds on the consumer's timer: in the worker's
+        event loop (the thread that receives, buffers and acks messages), and only while this main
+        process lives (during a warm shutdown Celery goes on firing that timer, from a thread, while
+        the pool drains; messages of a channel already closed are skipped, kombu restored them at
+        the close). A consumer restart (reconnect) builds
+        the strategy again: the old entry is cancelled first, so one timer entry renews, not one per
+        reconnect."""
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
+        if self.renew_every > 0 and timer is not None:
+            self._renewal = timer.call_repeatedly(self.renew_every, self._renew_held)
+
+    def _held(self) -> list[Request]:
+        """Every request whose message this worker holds unacked and will still act on: buffered,
+        or in a batch that has not returned. A request left unacked after its batch returned
+        (DEFERRED: another batch's lease) is not held: its message must come back, from Redis, one
+        visibility timeout later."""
+        # Copied first, each in one C-level step: during a warm shutdown Celery fires the event loop's
+        # timers from a thread of its own while the pool drains and batches return.
+        buffered, batches = list(self._buffer), list(self._batches.values())
+        return [r for r, _ in buffered] + [r for batch in batches for r in batch]
+
+    def _renew_held(self) -> None:
+        """Renew, in the broker's unacked index, the delivery time of every held message (one round
+        trip per channel: one, unless a reconnect left requests of the old channel). Without this,
+        kombu's restore redelivers any message held longer than the visibility timeout, so that
+        timeout had to exceed the longest wait in the buffer plus the slowest batch (120 s), and a
+        dead worker's messages waited as long."""
+        by_channel: dict[int, tuple[Any, list[str]]] = {}
+        for req in self._held():
+            message = req.message
+            # A closed channel (a lost connection) restored its unacked messages itself when it closed
+            # (kombu): they are the broker's to deliver again, not this worker's to keep.
+            if not getattr(message.channel, "closed", False):
+                by_channel.setdefault(id(message.channel), (message.channel, []))[1].append(message.delivery_tag)
+        now = time()
+        for channel, tags in by_channel.values():
+            try:
+                renew_deliveries(channel, tags, now)
+            except Exception as exc:  # broker away: the next tick tries again (well inside the timeout)
+                logger.warning("could not renew %d held messages in the broker (%r)", len(tags), exc)
 
     def _is_bulk(self, req: Request) -> bool:
         return (req.delivery_info or {}).get("routing_key") in self.bulk_queues
@@ -227,6 +284,7 @@ class BatchTask(Task):  # type: ignore[misc]
         payload = [{"id": r.id, "args": r.args, "kwargs": r.kwargs, "retries": r.request_dict.get("retries", 0),
                     "sent_at": r.request_dict.get(SENT_AT_HEADER)} for r in batch]
         self._in_flight[batch_id] = tokens
+        self._batches[batch_id] = batch
         self._unaccepted.add(batch_id)
 
         def on_accepted(pid: int, time_accepted: float) -> None:
@@ -240,6 +298,7 @@ class BatchTask(Task):  # type: ignore[misc]
 
         def on_return(outcomes: list[dict[str, Any]]) -> None:
             self._in_flight.pop(batch_id, None)
+            self._batches.pop(batch_id, None)
             self._unaccepted.discard(batch_id)
             for r, outcome in zip(batch, outcomes, strict=True):
                 self._finish(r, outcome)
@@ -247,6 +306,7 @@ class BatchTask(Task):  # type: ignore[misc]
 
         def on_error(einfo: ExceptionInfo) -> None:
             self._in_flight.pop(batch_id, None)
+            self._batches.pop(batch_id, None)
             self._unaccepted.discard(batch_id)
             reason = f"worker process lost while scoring: {einfo.exception!r}"
             logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason,

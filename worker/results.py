@@ -226,10 +226,12 @@ class ResultStore:
 
     @contextlib.contextmanager
     def holding(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int) -> Iterator[None]:
-        """Keep this batch's leases alive while it scores. A lease lasts one visibility timeout, and
-        so does a delivery: a batch slower than that (a loaded host) would otherwise find its requests
-        redelivered by kombu's restore with their leases expired, claimed by a second batch and scored
-        and stored twice. Renewed every third of a lease, so two missed renewals still leave it held."""
+        """Keep this batch's leases alive while it scores. A lease lasts half a visibility timeout
+        (`WorkerSettings.lease_seconds`): a batch slower than that (a loaded host) would otherwise lose
+        its leases, and a copy of its requests delivered meanwhile (the worker's main process keeps
+        their messages from being redelivered, but a stalled one may fail to) would be claimed by a
+        second batch and scored twice. Renewed every third of a lease, so two missed renewals still
+        leave it held."""
         if not task_ids:
             yield
             return

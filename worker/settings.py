@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from toxfleet import cache as cache_defaults
 from toxfleet import contract
 from toxfleet import redis_url as urls
+from toxfleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
 from toxfleet.keys import DEFAULT_REDIS_URL
 
 BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-int8-rowwise", "torch-bf16", "onnx", "onnx-int8")
@@ -62,9 +63,13 @@ class WorkerSettings(BaseSettings):
                                                  "512-token messages per process. Higher fills batches of short "
                                                  "texts better, but a busy worker then holds backlog that a worker "
                                                  "started to scale out should take.")
-    visibility_timeout: int = Field(120, ge=5, le=86_400,
-                                    description="Seconds before Redis redelivers a message whose worker died; "
-                                                "must exceed the longest a message waits in a worker's buffer.")
+    visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=5, le=86_400,
+                                    description="Seconds before Redis redelivers a message whose worker died "
+                                                "(after its last renewal: a live worker renews every message it "
+                                                "holds, buffered or being scored, every quarter of this, so a "
+                                                "slow batch or a long wait in the buffer is never redelivered). "
+                                                "Sets the recovery time after a whole worker dies: about this "
+                                                "+ 5 s + one batch.")
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400, description="Seconds results are kept.")
     process_start_timeout: float = Field(120.0, ge=5, le=3600,
                                          description="Seconds a new pool process may take to load the model.")
@@ -105,6 +110,23 @@ class WorkerSettings(BaseSettings):
         if self.pass_tokens < contract.MODEL_MAX_TOKENS:
             raise ValueError(f"TOXFLEET_PASS_TOKENS must be at least {contract.MODEL_MAX_TOKENS} (one full text)")
         return self
+
+    @property
+    def renew_seconds(self) -> float:
+        """Seconds between two renewals of the held messages in kombu's unacked index (worker.batching):
+        a quarter of the visibility timeout, so that a main process may miss two renewals in a row (a
+        stall on a loaded host) and still keep its messages."""
+        return self.visibility_timeout / 4
+
+    @property
+    def lease_seconds(self) -> int:
+        """How long a batch's lease on a request lasts (renewed every third of it while the batch runs,
+        worker.results): half the visibility timeout. A worker killed -9 renewed its messages and its
+        leases at most a moment before it died; its messages come back no earlier than the visibility
+        timeout minus one renewal period (3/4 of it) after that, when the leases (1/2) have expired, so
+        a redelivered request is claimed at once instead of deferred for a second visibility timeout.
+        The quarter between the two absorbs clock skew between hosts and a late renewal."""
+        return max(self.visibility_timeout // 2, 2)
 
     @property
     def model_identity(self) -> str:

@@ -70,6 +70,7 @@ class ScoreTask(BatchTask):
         self.batch_tokens = settings.batch_tokens
         self.bulk_batch_tokens = settings.bulk_batch_tokens
         self.max_retries = settings.max_retries
+        self.renew_every = settings.renew_seconds
 
     def run(self, texts: list[str], long_text: str = contract.TRUNCATE) -> list[dict[str, float]]:
         # Only reached when the task is applied eagerly in-process; workers call run_batch.
@@ -114,8 +115,8 @@ class ScoreTask(BatchTask):
         failed: list[Outcome] = []
         # A deleted job's requests are acked unscored. A redelivered request is never scored twice:
         # not after its result is stored ("final"), nor while another batch scores it ("busy"; the
-        # lease lasts as long as a delivery may).
-        claims = store.claim([r["id"] for r in requests], batch_id, settings.visibility_timeout, extra)
+        # lease is renewed while this batch runs).
+        claims = store.claim([r["id"] for r in requests], batch_id, settings.lease_seconds, extra)
         for req, claim in zip(requests, claims, strict=True):
             if claim == "cancelled":
                 outcomes[req["id"]] = {"state": "SKIPPED", "summary": "job deleted"}
@@ -125,9 +126,10 @@ class ScoreTask(BatchTask):
                 continue
             if claim == "busy":
                 # The lease holder may be dead (its whole worker killed), making this the only copy
-                # left: acking it would lose the request. Unacked, Redis redelivers it one visibility
-                # timeout after this delivery, when the lease (one visibility timeout from the claim,
-                # which came first) has expired or the holder has stored the result.
+                # left: acking it would lose the request. Unacked and no longer renewed (the main
+                # process renews only what it still holds), Redis redelivers it one visibility timeout
+                # later, when the lease (half of one, from its last renewal, which came first) has
+                # expired or the holder has stored the result.
                 outcomes[req["id"]] = {"state": "DEFERRED", "summary": "leased to another batch"}
                 continue
             try:
@@ -140,7 +142,7 @@ class ScoreTask(BatchTask):
         # Held (renewed) until the results are stored: a slow batch must not lose its requests to a
         # redelivery that finds their leases expired and scores them a second time.
         claimed = [r["id"] for r, c in zip(requests, claims, strict=True) if c == "claimed"]
-        with store.holding(claimed, batch_id, settings.visibility_timeout):
+        with store.holding(claimed, batch_id, settings.lease_seconds):
             # Cached texts skip the model; only the rest are scored, then cached in turn.
             cached = self._cached(scorer.backend, texts, modes, batch_id)
             todo = {rid: [t for t, c in zip(ts, cached[rid], strict=True) if c is None] for rid, ts in texts.items()}

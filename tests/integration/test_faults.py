@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any, cast
 import httpx
 import pytest
 import redis
+from kombu.transport.redis import Channel as KombuChannel
 
 from testing import (
     ROOT,
@@ -47,13 +49,14 @@ from testing.faults import (
     summarize,
 )
 from toxfleet import contract
+from toxfleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
 from toxfleet.corpus import CommentCorpus
-from toxfleet.keys import LEASE_PREFIX
+from toxfleet.keys import LEASE_PREFIX, UNACKED_KEY
 
 pytestmark = pytest.mark.faults
 
-VISIBILITY = "30"
-"""Visibility timeout for these tests, so redelivery after a dead worker takes seconds, not minutes."""
+VISIBILITY = str(DEFAULT_VISIBILITY_TIMEOUT)
+"""Visibility timeout for these tests: the shipped default, so the recovery measured is the one deployed."""
 
 SPLIT_ACROSS_WORKERS = True
 """Each case starts its own Redis, API and workers and mostly waits (redelivery, restarts): under
@@ -149,7 +152,9 @@ def test_sigkill_pool_process_mid_batch(attempt: int, env: dict[str, Any], refer
 
 def test_sigkill_whole_worker_then_replacement(attempt: int, env: dict[str, Any], reference: Any) -> None:
     """A whole worker (main process and pool) is SIGKILLed mid-load; a replacement finishes its jobs
-    within the visibility timeout plus the restore scan."""
+    within the visibility timeout plus the restore scan plus one batch: the dead worker's messages
+    stop being renewed, and the leases its batch held (half a timeout) have expired by the time
+    they come back, so no request is deferred for a second timeout."""
     first = worker(env, "doomed")
     load = Load(env["api"])
     load.submit(jobs(40, 2))
@@ -157,26 +162,57 @@ def test_sigkill_whole_worker_then_replacement(attempt: int, env: dict[str, Any]
     parent = first.proc.pid
     running_batch_pid(env["redis"].url, among=lambda: child_pids(parent))
     os.killpg(first.proc.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    worker(env, "replacement")
+    t0, killed_at = time.monotonic(), time.time()
+    # Every unacked message is the dead worker's until the replacement starts consuming: watch for
+    # the moment the last of them has been restored. A restored message keeps its delivery tag, so
+    # "restored" is: its entry in kombu's unacked index is gone (back in the queue) or carries a
+    # delivery time after the kill (delivered again); the dead worker's renewals all predate it.
+    client = redis.Redis.from_url(env["redis"].url)
+    index = KombuChannel.unacked_index_key
+    held = list(client.hkeys(UNACKED_KEY))
+    assert held, "the killed worker held no message"
+    restored_after: list[float] = []
+
+    def watch() -> None:
+        left = set(held)
+        while left:
+            tags = list(left)
+            with client.pipeline(transaction=False) as pipe:
+                for tag in tags:
+                    pipe.zscore(index, tag)
+                scores = pipe.execute()
+            left = {tag for tag, score in zip(tags, scores, strict=True) if score is not None and score <= killed_at}
+            time.sleep(0.1)
+        restored_after.append(time.monotonic() - t0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    replacement = worker(env, "replacement")
     load.settle(150)
     recovery = time.monotonic() - t0
     s = summarize("sigkill-whole-worker", load, env["observer"], recovery)
     assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
-    # A request the dead batch had claimed is deferred once while its lease runs (docs/reliability.md).
-    assert recovery < 2 * (float(VISIBILITY) + 5) + 30
+    assert restored_after, "the dead worker's messages were never restored"
+    record("whole-worker-restored", {"messages": len(held), "lost": 0, "duplicated": 0}, restored_after[0])
+    # The bound (docs/reliability.md) is visibility + 5 s (restore scan) + one batch. Its first part
+    # is the mechanism's and is held tightly (3 s for a scan delayed on a loaded host); the batch of the
+    # restored requests is CPU, allowed 90 s: at load 11-12, with the suite on two processes, the
+    # replacement scored them in two batches of 29 and 32 texts that took 50 and 57 s.
+    assert restored_after[0] < float(VISIBILITY) + 5 + 3, restored_after
+    assert recovery < float(VISIBILITY) + 5 + 90
+    assert "deferred" not in replacement.output()  # no claimed request came back before its lease expired
     check_scores(load, reference)
 
 
 def test_delivery_leased_to_a_dead_batch_is_not_lost(attempt: int, env: dict[str, Any], reference: Any) -> None:
     """A request arrives while its lease is still held by a batch whose worker died (the lease outlives
-    the holder by up to a visibility timeout): the delivery is left unacked, Redis redelivers it once
-    the lease has expired, and it succeeds. Acking it instead lost the job (a CI run caught that)."""
+    the holder by up to half a visibility timeout; a copy published again, by the sweeper or a retry,
+    may arrive in that time): the delivery is left unacked and no longer renewed, Redis redelivers it
+    once the lease has expired, and it succeeds. Acking it instead lost the job (a CI run caught that)."""
     visibility = 5
     w = worker(env, "heir", concurrency=1, TOXFLEET_VISIBILITY_TIMEOUT=str(visibility))
     client = redis.Redis.from_url(env["redis"].url)
     task_id = "dead-lease-" + os.urandom(4).hex()
-    client.set(LEASE_PREFIX + task_id, "batch-of-a-dead-worker", ex=visibility)
+    client.set(LEASE_PREFIX + task_id, "batch-of-a-dead-worker", ex=max(visibility // 2, 2))  # lease_seconds
     app = celery_client(env["redis"].url)
     texts = CommentCorpus(14).texts(2)
     t0 = time.monotonic()
@@ -190,6 +226,90 @@ def test_delivery_leased_to_a_dead_batch_is_not_lost(attempt: int, env: dict[str
     for i, row in enumerate(scores):
         for label, value in row.items():
             assert value == pytest.approx(expected[label][i], abs=1e-4), (i, label)
+
+
+def _unacked_tags(client: redis.Redis, task_ids: set[str]) -> dict[str, bytes]:
+    """Task id -> delivery tag, for those of `task_ids` whose message kombu holds as unacked (delivered
+    to a worker, not acked)."""
+    tags = {}
+    for tag, raw in client.hscan_iter(UNACKED_KEY, count=500):
+        task_id = json.loads(raw)[0]["headers"]["id"]
+        if task_id in task_ids:
+            tags[task_id] = tag
+    return tags
+
+
+def test_a_slow_batch_of_a_live_worker_is_not_redelivered(attempt: int, env: dict[str, Any],
+                                                          reference: Any) -> None:
+    """A worker whose batch runs far longer than the visibility timeout keeps its messages, the batch's
+    and those waiting in its buffer, for as long as its main process lives: a second, idle worker
+    never receives them, nothing is scored twice, and each result comes from the slow worker.
+
+    The batch is made slow by freezing its pool process (SIGSTOP) for 4 visibility timeouts and more,
+    the worst a loaded host can do: the pool's own lease renewals stop too, so the leases lapse and
+    only the main process's renewal of the messages in kombu's unacked index stands between them and
+    a redelivery that a second batch would claim and score. Without that renewal, the idle worker's
+    restore scan would hand them out one visibility timeout after delivery."""
+    visibility = 5
+    slow = worker(env, "slow", concurrency=1, TOXFLEET_VISIBILITY_TIMEOUT=str(visibility))
+    assert slow.proc is not None
+    client = redis.Redis.from_url(env["redis"].url)
+    index = KombuChannel.unacked_index_key  # kombu's own name for it (no transport option changes it here)
+    # A publisher with no result backend: results are read from Redis below, so no AsyncResult stays
+    # subscribed to a Redis that the fixture stops.
+    from celery import Celery
+
+    app = Celery(broker=env["redis"].url)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    corpus = CommentCorpus(15)
+    ids = [f"slow-{attempt}-{i}-{os.urandom(3).hex()}" for i in range(4)]
+    # The first is long enough for its batch to be caught running; the others wait in the buffer.
+    texts = {t: corpus.texts(40 if i == 0 else 2) for i, t in enumerate(ids)}
+    for t in ids:
+        app.send_task(contract.SCORE_TASK, args=[texts[t]], queue=contract.QUEUE, task_id=t)
+    pid = running_batch_pid(env["redis"].url, among=lambda: child_pids(slow.proc.pid))  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        wait_for(lambda: len(_unacked_tags(client, set(ids))) == len(ids), 30, "the slow worker to hold every message")
+        tags = _unacked_tags(client, set(ids))
+        idle = worker(env, "idle", concurrency=1, TOXFLEET_VISIBILITY_TIMEOUT=str(visibility))
+        # Frozen for 4 timeouts at least, and for 2 timeouts and 2 restore scans after the idle worker
+        # is up (its restore scan is what would redeliver them; it runs every 5 s).
+        until = max(frozen_at + 4 * visibility, time.monotonic() + 2 * visibility + 10)
+        oldest = 0.0
+        lease_lapsed = False
+        while time.monotonic() < until:
+            now = time.time()
+            for t, tag in tags.items():
+                score = client.zscore(index, tag)
+                assert score is not None and client.hexists(UNACKED_KEY, tag), f"{t}'s message was redelivered"
+                oldest = max(oldest, now - score)
+            assert not any(client.llen(q) for q in contract.QUEUES), "a message went back to a queue"
+            lease_lapsed = lease_lapsed or not client.exists(LEASE_PREFIX + ids[0])
+            time.sleep(0.5)
+        held_for = time.monotonic() - frozen_at
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: all(env["observer"].finals[t] >= 1 for t in ids), 120, "every result")
+    metas = [json.loads(cast(bytes, client.get(f"celery-task-meta-{t}"))) for t in ids]
+    assert [m["status"] for m in metas] == ["SUCCESS"] * len(ids), metas
+    outcomes = [m["result"] for m in metas]
+    duplicated = sum(1 for t in ids if env["observer"].finals[t] > 1)
+    record("slow-batch-held", {"submitted": len(ids), "succeeded": len(outcomes), "lost": 0, "duplicated": duplicated,
+                               "held_s": round(held_for, 1), "oldest_renewal_s": round(oldest, 1)}, held_for)
+    assert duplicated == 0
+    assert lease_lapsed, "the frozen batch's lease should have lapsed: only the message renewal kept it"
+    assert oldest < visibility, oldest
+    slow_pids = set(child_pids(slow.proc.pid))
+    assert batch_pid(env["redis"].url, ids[0]) == pid
+    assert all(batch_pid(env["redis"].url, t) in slow_pids for t in ids)
+    assert not any(t in idle.output() for t in ids) and "deferred" not in idle.output()
+    for t, scores in zip(ids, outcomes, strict=True):
+        expected = reference.predict(texts[t])
+        for i, row in enumerate(scores):
+            for label, value in row.items():
+                assert value == pytest.approx(expected[label][i], abs=1e-4), (t, i, label)
 
 
 def test_message_popped_by_a_dying_worker_is_recovered(attempt: int, env: dict[str, Any], reference: Any) -> None:

@@ -124,3 +124,65 @@ def test_bulk_work_goes_one_message_at_a_time() -> None:
         task._enqueue(_Request(f"i{i}", [["x"]]), 100)  # type: ignore[arg-type]
     task._flush()
     assert pool.calls[1] == [f"i{i}" for i in range(6)]  # ahead of the bulk work, and without it
+
+
+class _Channel:
+    closed = False
+
+
+class _Message:
+    def __init__(self, tag: str, channel: _Channel) -> None:
+        self.delivery_tag = tag
+        self.channel = channel
+
+
+class _HeldRequest:
+    """A request with a delivered message (hashable, as Celery's worker state needs)."""
+
+    def __init__(self, id: str, channel: _Channel) -> None:
+        self.id = id
+        self.args: list[Any] = [["x"]]
+        self.kwargs: dict[str, Any] = {}
+        self.request_dict: dict[str, Any] = {"retries": 0}
+        self.delivery_info: dict[str, Any] = {}
+        self.message = _Message(f"tag-{id}", channel)
+        self.acked = False
+
+    def acknowledge(self) -> None:
+        self.acked = True
+
+
+class _CallbackPool(_Pool):
+    def __init__(self, processes: int) -> None:
+        super().__init__(processes)
+        self.on_return: list[Any] = []
+
+    def apply_async(self, fn: Any, args: tuple[Any, ...], **kw: Any) -> None:
+        super().apply_async(fn, args)
+        self.on_return.append(kw["callback"])
+
+
+def test_renews_every_held_message_and_lets_a_deferred_one_go(monkeypatch: Any) -> None:
+    """The main process renews the messages it holds, buffered and in a running batch; once a batch
+    returns, a request it deferred (leased to another batch) is unacked but no longer renewed, so
+    Redis redelivers it after the visibility timeout. A closed channel's messages are not renewed."""
+    renewed: list[list[str]] = []
+    monkeypatch.setattr("worker.batching.renew_deliveries", lambda channel, tags, now: renewed.append(sorted(tags)))
+    task = BatchTask()
+    pool = _CallbackPool(1)
+    task._pool = pool
+    task.batch_tokens = 100
+    live, closed = _Channel(), _Channel()
+    closed.closed = True
+    r0, r1, gone = _HeldRequest("r0", live), _HeldRequest("r1", live), _HeldRequest("gone", closed)
+    for req in (r0, r1, gone):
+        task._buffer.append((req, 100))  # type: ignore[arg-type]
+    task._flush()
+    assert pool.calls == [["r0"]]
+    task._renew_held()
+    assert renewed == [["tag-r0", "tag-r1"]]
+    pool.on_return[0]([{"state": "DEFERRED", "summary": "leased to another batch"}])
+    assert not r0.acked and pool.calls[-1] == ["r1"]
+    renewed.clear()
+    task._renew_held()
+    assert renewed == [["tag-r1"]]
