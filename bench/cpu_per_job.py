@@ -255,6 +255,7 @@ def load_average(uptime: str) -> float:
 
 def main() -> None:
     reap_on_term()  # a killed run (timeout, kill) takes its servers with it
+    load.raise_open_files_limit()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default="default")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all variants (interleaved)")

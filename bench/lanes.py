@@ -213,6 +213,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     reap_on_term()  # a killed run (timeout, kill) takes its servers with it
+    load.raise_open_files_limit()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--model", default="unbiased-small", help="synthetic checkpoint kind (tiny, unbiased-small...)")
     parser.add_argument("--clients", type=int, default=10)

@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import json
 import random
+import resource
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,6 +54,16 @@ real client would back off; without it a fast-failing service would be hammered 
 
 DEFAULT_MAX_IN_FLIGHT = 2000
 """Open loop: requests outstanding at once before new arrivals are dropped by the generator itself."""
+
+def raise_open_files_limit(need: int = 2 * DEFAULT_MAX_IN_FLIGHT + 256) -> None:
+    """Raise this process's soft limit on open files to `need` (at most the hard limit). Called before
+    the servers start, so they inherit it: the open loop holds up to `DEFAULT_MAX_IN_FLIGHT` connections,
+    the API as many, and a user's shell often starts at 1024 (the bench then died of EMFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
 
 P = TypeVar("P")
 

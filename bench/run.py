@@ -307,6 +307,7 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
 
 def main(argv: list[str] | None = None) -> None:
     reap_on_term()  # a killed run (timeout, kill) takes its servers with it
+    load.raise_open_files_limit()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny checkpoint, seconds per point")
     parser.add_argument("--models", help="comma list of kind[:profile] (default: full: "

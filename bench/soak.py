@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import load
 from bench.stats import percentile
 from testing import ROOT, Proc, RedisServer, child_pids, free_port, start_api, start_worker, synthetic_checkpoint
 from testing.faults import ResultObserver
@@ -221,6 +222,7 @@ def plot(report: dict[str, Any], samples: list[dict[str, Any]], out_dir: Path) -
 
 def main(argv: list[str] | None = None) -> int:
     reap_on_term()  # a killed run (timeout, kill) takes its servers with it
+    load.raise_open_files_limit()
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--load", type=float, default=0.8, help="share of the measured capacity offered")

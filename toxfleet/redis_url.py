@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote
 
 import redis
 import redis.asyncio as aioredis
@@ -63,20 +63,29 @@ def _host_port(text: str, url: str) -> tuple[str, int]:
     return host, int(port) if port else SENTINEL_PORT
 
 
+def _split(url: str) -> tuple[str, str, str]:
+    """A URL's netloc, path and query. Not `urlsplit`: since Python 3.11.4 (and in Debian's patched
+    3.11.2) it refuses a netloc with anything before an IPv6 bracket, which a list of sentinels has."""
+    rest = url.partition("://")[2].partition("#")[0]
+    rest, _, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    return netloc, slash + path, query
+
+
 def parse_sentinel(url: str) -> SentinelUrl | None:
     """The Sentinel URL's parts; None for a plain Redis URL; ValueError if malformed."""
     if not url.startswith(SENTINEL_SCHEME):
         return None
-    parts = urlsplit(url)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
+    netloc, path, query = _split(url)
+    userinfo, _, hosts = netloc.rpartition("@")
     username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
     sentinels = tuple(_host_port(h.strip(), url) for h in hosts.split(",") if h.strip())
     if not sentinels:
         raise ValueError(f"no sentinel address in {redact(url)}")
-    path = parts.path.strip("/")
+    path = path.strip("/")
     if path and not path.isdigit():
         raise ValueError(f"the database of {redact(url)} must be a number")
-    master = parse_qs(parts.query).get("master", [""])[0]
+    master = parse_qs(query).get("master", [""])[0]
     if not master:
         raise ValueError(f"{redact(url)} names no master: add ?master=NAME (the name the sentinels monitor)")
     return SentinelUrl(sentinels, master, int(path or 0), unquote(username) or None, unquote(password) or None)
@@ -94,11 +103,11 @@ def check(url: str, setting: str) -> None:
 
 def redact(url: str) -> str:
     """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = _split(url)[0]
+    userinfo, at, hosts = netloc.rpartition("@")
     if not at or ":" not in userinfo:
         return url
-    return url.replace(parts.netloc, f"{userinfo.partition(':')[0]}:***@{hosts}", 1)
+    return url.replace(netloc, f"{userinfo.partition(':')[0]}:***@{hosts}", 1)
 
 
 def is_sentinel(url: str) -> bool:
