@@ -64,8 +64,9 @@ def _host_port(text: str, url: str) -> tuple[str, int]:
 
 
 def _split(url: str) -> tuple[str, str, str]:
-    """A URL's netloc, path and query. Not `urlsplit`: since Python 3.11.4 (and in Debian's patched
-    3.11.2) it refuses a netloc with anything before an IPv6 bracket, which a list of sentinels has."""
+    """A URL's netloc, path and query. Not `urlsplit`: patched Pythons (Debian's 3.11.2 here, and the
+    2025 security releases) refuse a netloc with anything before an IPv6 bracket, which a list of
+    sentinels has."""
     rest = url.partition("://")[2].partition("#")[0]
     rest, _, query = rest.partition("?")
     netloc, slash, path = rest.partition("/")
