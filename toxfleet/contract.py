@@ -52,6 +52,7 @@ MAX_TEXTS_PER_JOB = 1_000
 MAX_TEXT_CHARS = 20_000
 """Default cap on characters per text (the model reads at most 512 tokens, about 2,000 characters)."""
 
+
 def is_unicode(text: str) -> bool:
     """Whether a text is valid Unicode: JSON can carry a lone surrogate ("\\ud800"), which UTF-8,
     Redis clients and the tokenizer all refuse, so the API answers 422 and the worker fails the request."""

@@ -102,9 +102,9 @@ class BatchTask(Task):  # type: ignore[misc]
         # Created once per task object, not per Strategy call: Celery rebuilds strategies when the
         # consumer reconnects to the broker, while batches dispatched before that are still running.
         self._buffer: deque[tuple[Request, int]] = deque()
-        self._in_flight: dict[str, int] = {}  # batch id -> its estimated tokens
+        # batch id -> its requests and their estimated tokens, from dispatch until it returns
+        self._in_flight: dict[str, tuple[list[Request], int]] = {}
         self._unaccepted: set[str] = set()  # batches handed to the pool that no process has started
-        self._batches: dict[str, list[Request]] = {}  # batch id -> its requests, until it returns
         self._pool: Any = None
         self._renewal: Any = None  # the consumer timer's entry that calls _renew_held
 
@@ -185,7 +185,6 @@ class BatchTask(Task):  # type: ignore[misc]
         will be delivered again, and their old delivery tags can no longer be acked."""
         for batch_id in self._unaccepted:
             self._in_flight.pop(batch_id, None)
-            self._batches.pop(batch_id, None)
         if self._unaccepted or self._buffer:
             logger.warning("consumer restarted: %d batches the pool discarded and %d buffered requests "
                            "dropped; the broker delivers their messages again", len(self._unaccepted),
@@ -214,8 +213,8 @@ class BatchTask(Task):  # type: ignore[misc]
         visibility timeout later."""
         # Copied first, each in one C-level step: during a warm shutdown Celery fires the event loop's
         # timers from a thread of its own while the pool drains and batches return.
-        buffered, batches = list(self._buffer), list(self._batches.values())
-        return [r for r, _ in buffered] + [r for batch in batches for r in batch]
+        buffered, batches = list(self._buffer), list(self._in_flight.values())
+        return [r for r, _ in buffered] + [r for batch, _ in batches for r in batch]
 
     def _renew_held(self) -> None:
         """Renew, in the broker's unacked index, the delivery time of every held message (one round
@@ -276,15 +275,14 @@ class BatchTask(Task):  # type: ignore[misc]
             # Aim every process at an equal share of all the work in hand (waiting and running):
             # a process freed next to a long batch then takes its share and leaves the rest for
             # the other, instead of the fleet settling into one huge slow batch beside small ones.
-            work = sum(cost for _, cost in self._buffer) + sum(self._in_flight.values())
+            work = sum(cost for _, cost in self._buffer) + sum(tokens for _, tokens in self._in_flight.values())
             self._dispatch(*self._take(min(self.batch_tokens, -(-work // self._concurrency()))))
 
     def _dispatch(self, batch: list[Request], tokens: int) -> None:
         batch_id = uuid()[:12]
         payload = [{"id": r.id, "args": r.args, "kwargs": r.kwargs, "retries": r.request_dict.get("retries", 0),
                     "sent_at": r.request_dict.get(SENT_AT_HEADER)} for r in batch]
-        self._in_flight[batch_id] = tokens
-        self._batches[batch_id] = batch
+        self._in_flight[batch_id] = (batch, tokens)
         self._unaccepted.add(batch_id)
 
         def on_accepted(pid: int, time_accepted: float) -> None:
@@ -298,7 +296,6 @@ class BatchTask(Task):  # type: ignore[misc]
 
         def on_return(outcomes: list[dict[str, Any]]) -> None:
             self._in_flight.pop(batch_id, None)
-            self._batches.pop(batch_id, None)
             self._unaccepted.discard(batch_id)
             for r, outcome in zip(batch, outcomes, strict=True):
                 self._finish(r, outcome)
@@ -306,7 +303,6 @@ class BatchTask(Task):  # type: ignore[misc]
 
         def on_error(einfo: ExceptionInfo) -> None:
             self._in_flight.pop(batch_id, None)
-            self._batches.pop(batch_id, None)
             self._unaccepted.discard(batch_id)
             reason = f"worker process lost while scoring: {einfo.exception!r}"
             logger.error("batch %s failed in the pool (%d requests): %s", batch_id, len(batch), reason,

@@ -54,7 +54,6 @@ def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = 
                                                   "(U+D800-U+DFFF not in a pair)"}])
 
 
-
 def to_job(view: JobView) -> Job:
     flags = [Flags(**f) for f in view.flags] if view.flags is not None else None
     return Job(id=view.id, status=view.status, results=view.results, model=view.model, error=view.error,  # type: ignore[arg-type]

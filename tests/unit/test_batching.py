@@ -60,7 +60,7 @@ def test_budget_caps_a_batch() -> None:
 def test_no_dispatch_while_every_process_is_busy() -> None:
     """With as many batches in flight as processes, requests wait in the buffer."""
     task, pool = _task(2, batch_tokens=1000)
-    task._in_flight.update({"a": 100, "b": 100})
+    task._in_flight.update({"a": ([], 100), "b": ([], 100)})
     _buffer(task, [100] * 3)
     task._flush()
     assert pool.calls == [] and len(task._buffer) == 3
@@ -89,7 +89,7 @@ def test_a_process_freed_beside_a_long_batch_takes_only_its_share() -> None:
     """One process runs a batch of 1000 tokens; 3000 wait: the freed process takes its share of all
     the work in hand (2000), leaving the rest for its neighbour, rather than all 3000."""
     task, pool = _task(2, batch_tokens=100_000)
-    task._in_flight["long"] = 1000
+    task._in_flight["long"] = ([], 1000)
     _buffer(task, [100] * 30)
     task._flush()
     assert [len(c) for c in pool.calls] == [20]
