@@ -6,6 +6,7 @@ as a highly available Redis runs it, with a short failure detection so that a fa
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,25 @@ class SentinelGroup:
         proc.kill()
         proc.wait(10)
 
+    def cut_off_replica(self, primary: int, replica: int) -> int:
+        """Leave the replica behind, as a replica lagging when its primary dies is: it is stopped
+        (SIGSTOP), then the primary is made to drop its link by a write larger than the replica's
+        output buffer may hold (kernel socket buffers included). Every write after this reaches the
+        primary only: a replica can't reconnect while it is stopped. `resume` wakes it; the half
+        write it had received is discarded at the broken link, as Redis discards any incomplete command.
+        Returns the primary's replication offset at the cut."""
+        node = self.node(primary)
+        node.config_set("client-output-buffer-limit", "replica 1mb 0 0")
+        self.procs[replica].send_signal(signal.SIGSTOP)
+        node.set("toxfleet-test:lag-filler", b"x" * (64 << 20))  # far past the 1 MB limit and ~10 MB of socket buffers
+        wait_for(lambda: node.info("replication")["connected_slaves"] == 0, 10, "the primary to drop its replica",
+                 interval=0.05)
+        node.delete("toxfleet-test:lag-filler")
+        return int(node.info("replication")["master_repl_offset"])
+
+    def resume(self, port: int) -> None:
+        self.procs[port].send_signal(signal.SIGCONT)
+
     def wait_for_failover(self, old: int, timeout: float = 30) -> float:
         """Seconds until every sentinel names a new primary and that node says it is one."""
         t0 = time.monotonic()
@@ -100,6 +120,7 @@ class SentinelGroup:
     def stop(self) -> None:
         for port in list(self.procs):
             proc = self.procs.pop(port)
+            proc.send_signal(signal.SIGCONT)  # a stopped node would not act on the SIGTERM
             proc.terminate()
             try:
                 proc.wait(10)
