@@ -9,7 +9,8 @@ disconnect) gets a new client.
 
 Acks also go together: kombu acks each message with its own pipeline (ZREM and HDEL in MULTI/EXEC, a
 round trip), and a worker that finishes a batch of n requests acks n messages in the same iteration of
-its event loop; they are held and removed from the unacked index in one pipeline at its end.
+its event loop; they are held and removed from the unacked index in one pipeline at its end, just
+before kombu decides which channels may fetch (`_Poller.on_poll_start`): an ack frees a prefetch slot.
 
 `SentinelTransport` does the same over kombu's Sentinel transport: its channel's pool is the one
 redis-py's Sentinel keeps for the current master (a connection asks the sentinels where the master
@@ -23,7 +24,7 @@ takes only the messages of a consumer that stopped renewing them: a dead one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -79,18 +80,37 @@ class _SharedClient:
         return client
 
 
+class _Poller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
+    """kombu's poller, which sends the held acks (`flush`) before it decides, once per loop
+    iteration, which channels may BRPOP. The order matters: a channel whose prefetch window is full
+    fetches nothing, and only the ack frees its slot. Run as a separate `on_tick` callback (a set, in
+    no fixed order) the flush could follow that decision, and the channel then waited for the next
+    timer to wake the loop (up to 1 s per message at a prefetch of one)."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._flush = flush
+
+    def on_poll_start(self) -> None:
+        self._flush()
+        super().on_poll_start()  # type: ignore[no-untyped-call]
+
+
 class _HeldAcks:
-    """Mixin for a kombu Redis channel and its transport: acks made while the event loop runs go
-    out together at the end of the loop iteration. Celery acks each finished request through
-    `hub.call_soon`, so a batch's acks all run in one iteration: n pipelines become one."""
+    """Mixin for a kombu Redis transport: acks made while the event loop runs go out together once
+    per loop iteration (`_Poller`). Celery acks each finished request through `hub.call_soon`, so a
+    batch's acks all run in one iteration: n pipelines become one."""
 
     acks_per_tick = False
     channels: list[Any]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cycle = _Poller(self._flush_acks)  # kombu's own, made in its __init__, has no channel yet
+
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)  # type: ignore[misc]
         self.acks_per_tick = True
-        loop.on_tick.add(self._flush_acks)
 
     def _flush_acks(self) -> None:
         for channel in self.channels:

@@ -62,3 +62,30 @@ def test_closing_the_channel_sends_what_is_held(clean_redis: RedisServer) -> Non
     # The acked one is gone; the two never acked are back in the queue (kombu restores them on close).
     assert r.hlen("unacked") == 0 and r.llen("q") == 2
     hub.close()
+
+
+def test_an_ack_frees_its_prefetch_slot_before_the_loop_decides_to_fetch(clean_redis: RedisServer) -> None:
+    """At a prefetch of one the held message's ack must land before kombu decides, in the same loop
+    iteration, which channels may BRPOP, whatever order the loop runs its tick callbacks in (a set):
+    otherwise the next message waited for the next timer to wake the loop (up to 1 s a message)."""
+    for first in range(2):  # each tick callback runs first once (sorted by name: a set has no order)
+        hub = Hub()
+        with Connection(clean_redis.url, transport=Transport) as conn:
+            channel = conn.default_channel
+            queue = Queue("q", Exchange("q"), routing_key="q")  # type: ignore[no-untyped-call]
+            producer = conn.Producer(channel=channel)
+            for i in range(2):
+                producer.publish({"i": i}, exchange=queue.exchange, routing_key="q", declare=[queue])
+            channel.basic_qos(prefetch_size=0, prefetch_count=1, apply_global=False)
+            held = channel.basic_get("q")
+            channel.basic_consume("q", no_ack=False, callback=lambda message: None, consumer_tag="c")
+            conn.transport.register_with_event_loop(conn.connection, hub)
+            assert not channel.qos.can_consume()
+            held.ack()  # type: ignore[attr-defined]
+            ticks = sorted(hub.on_tick, key=lambda tick: tick.__qualname__)
+            start = first % len(ticks)
+            for tick in ticks[start:] + ticks[:start]:
+                tick()
+            assert channel.qos.can_consume()
+            assert channel._in_poll, f"the ack freed the slot, yet no BRPOP was sent in this iteration ({ticks})"
+        hub.close()
