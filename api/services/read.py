@@ -109,9 +109,11 @@ class ReadService:
             manifest = json.loads(raw) if raw is not None else None
         # Another key's job is answered exactly like a missing one: its existence is not disclosed.
         if manifest is None or (owner is not None and manifest.get("owner") != owner):
-            raise JobNotFound(f"no job {job_id} (unknown, deleted, or expired after "
-                              f"{self._settings.result_expires}s)")
+            raise self._not_found(job_id)
         return manifest
+
+    def _not_found(self, job_id: str) -> JobNotFound:
+        return JobNotFound(f"no job {job_id} (unknown, deleted, or expired after {self._settings.result_expires}s)")
 
     def _view(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
         view = self._state(job_id, manifest, metas)
@@ -148,6 +150,18 @@ class ReadService:
     async def _metas(self, result_keys: list[bytes]) -> list[Meta | None]:
         return [meta.parse(v) for v in await self._redis.mget(result_keys)]
 
+    async def _recheck(self, job_id: str, result_keys: list[bytes]) -> list[Meta | None]:
+        """The results again, in the same round trip as whether the job still exists: a manifest from
+        memory, or one read before Redis lost its data or the job was deleted, must not hold a
+        long-poll for results that will never come (the client resubmits a job once it is a 404)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.job_key(job_id))
+            pipe.mget(result_keys)
+            exists, values = await pipe.execute()
+        if not exists:
+            raise self._not_found(job_id)
+        return [meta.parse(v) for v in values]
+
     async def _wait(self, job_id: str, manifest: dict[str, Any], result_keys: list[bytes], wait: float) -> JobView:
         deadline = time.monotonic() + wait
         async with self._waiter.watching(result_keys) as queue:
@@ -161,7 +175,7 @@ class ReadService:
                 except TimeoutError:
                     item = RESYNC
                 if item is RESYNC:
-                    metas = await self._metas(result_keys)
+                    metas = await self._recheck(job_id, result_keys)
                 else:
                     key, value = item
                     metas[index[key]] = meta.parse(value)

@@ -71,6 +71,16 @@ def test_long_poll_waits_then_returns_the_current_state(client: TestClient) -> N
     assert r.json()["status"] == "queued"
 
 
+def test_a_long_poll_on_a_job_redis_lost_answers_404(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Redis lost the job (restarted empty, or failed over to a replica that never had it) while this
+    API still holds the manifest it wrote a moment ago: the long-poll answers 404 at its next recheck,
+    so the client submits the job again, instead of waiting out `wait` for results that never come."""
+    job_id = client.post("/v1/jobs", json={"texts": ["a"]}).json()["id"]
+    redis_server.client().flushall()
+    r = client.get(f"/v1/jobs/{job_id}", params={"wait": 2})
+    assert r.status_code == 404 and "no job" in r.json()["detail"], r.text
+
+
 def test_unknown_job_is_404(client: TestClient) -> None:
     """A well-formed id that names no job is 404 with a message."""
     r = client.get("/v1/jobs/" + "0" * 32)
