@@ -204,11 +204,11 @@ def test_failover_to_a_lagging_replica(group: SentinelGroup, tiny_checkpoint: tu
         results = load.outcome(240)
         done_s = time.monotonic() - t0
         resubmitted = sum("submitted again" in r.getMessage() for r in caplog.records)
-        twice = sum(n > 1 for n in observer.finals.values())
+        twice = sum(n > 1 for n in observer.finals.values())  # allowed in this case only: at least once
         record("redis-failover-lagging", {"submitted": len(texts), "succeeded": len(results),
-                                          "lost": len(texts) - len(results), "duplicated": 0,
-                                          "resubmitted_jobs": resubmitted, "jobs_the_replica_missed": len(unknown),
-                                          "tasks_scored_twice": twice}, done_s)
+                                          "lost": len(texts) - len(results), "duplicated": twice,
+                                          "resubmitted_jobs": resubmitted, "jobs_the_replica_missed": len(unknown)},
+               done_s)
         print(f"LAGGING FAILOVER replica_missed_jobs={len(unknown)} of {len(accepted)} "
               f"replica_missed_bytes={lag_bytes} sentinels_promoted_s={failover_s:.2f} resubmitted={resubmitted} "
               f"tasks_scored_twice={twice} load_done_s={done_s:.1f}")
