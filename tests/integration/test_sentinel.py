@@ -56,6 +56,18 @@ def group(tmp_path: Path) -> Iterator[SentinelGroup]:
         sentinels.stop()
 
 
+@pytest.fixture
+def observer(group: SentinelGroup) -> Iterator[ResultObserver]:
+    """Counts the final results published through the group, subscribed before any load starts."""
+    results = ResultObserver(group.url)
+    results.start()
+    try:
+        assert results.subscribed.wait(10)
+        yield results
+    finally:
+        results.stopped.set()
+
+
 def finished_jobs(group: SentinelGroup, port: int) -> int:
     return sum(1 for _ in group.node(port).scan_iter("celery-task-meta-*", count=500))
 
@@ -93,12 +105,11 @@ class Probe(threading.Thread):
                     return
 
 
-def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple[Path, Path], tiny_detoxify: Any,
-                                    tmp_path: Path, caplog: pytest.LogCaptureFixture, attempt: int) -> None:
+def test_sentinel_failover_mid_load(group: SentinelGroup, observer: ResultObserver, tiny_checkpoint: tuple[Path, Path],
+                                    tiny_detoxify: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                    attempt: int) -> None:
     caplog.set_level(logging.WARNING, logger="toxfleet.client")
     url = group.url
-    observer = ResultObserver(url)
-    observer.start()
     worker = start_worker(tmp_path, url, tiny_checkpoint, name="sentinel-w", concurrency=1, env=WORKER_ENV)
     procs: list[Proc] = [worker]
     try:
@@ -106,7 +117,6 @@ def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple
         procs.append(api)
         flower, flower_url = start_flower(tmp_path, worker.env, ("admin", "sentinel-test"), name="sentinel-flower")
         procs.append(flower)
-        assert observer.subscribed.wait(10)
         pids = [p.proc.pid for p in procs if p.proc is not None]
         texts = CommentCorpus(31).texts(400)
         load = BackgroundScore(api_url, texts, stall_after=30, job_size=10, in_flight=4)
@@ -153,7 +163,6 @@ def test_sentinel_failover_mid_load(group: SentinelGroup, tiny_checkpoint: tuple
 
         wait_for(flower_sees_worker, 30, "Flower to see the worker through the new primary", interval=0.5)
     finally:
-        observer.stopped.set()
         for p in reversed(procs):
             p.stop()
 
@@ -163,8 +172,9 @@ def job_ids(group: SentinelGroup, port: int) -> set[str]:
     return {k[len(prefix):].decode() for k in group.node(port).scan_iter(prefix + b"*", count=500)}
 
 
-def test_failover_to_a_lagging_replica(group: SentinelGroup, tiny_checkpoint: tuple[Path, Path], tiny_detoxify: Any,
-                                       tmp_path: Path, caplog: pytest.LogCaptureFixture, attempt: int) -> None:
+def test_failover_to_a_lagging_replica(group: SentinelGroup, observer: ResultObserver,
+                                       tiny_checkpoint: tuple[Path, Path], tiny_detoxify: Any, tmp_path: Path,
+                                       caplog: pytest.LogCaptureFixture, attempt: int) -> None:
     """Replication is asynchronous: the replica promoted may miss the last writes the primary
     acknowledged. Here it misses several seconds of them (cut off, then the primary killed -9): jobs
     that answered 202, their messages, results and acks. The official client still returns every text
@@ -173,14 +183,11 @@ def test_failover_to_a_lagging_replica(group: SentinelGroup, tiny_checkpoint: tu
     visibility timeout. Scoring a task twice is allowed here (at least once): counted, not refused."""
     caplog.set_level(logging.WARNING, logger="toxfleet.client")
     url = group.url
-    observer = ResultObserver(url)
-    observer.start()
     worker = start_worker(tmp_path, url, tiny_checkpoint, name="lag-w", concurrency=1, env=WORKER_ENV)
     procs: list[Proc] = [worker]
     try:
         api, api_url = start_api(tmp_path, url, name="lag-api")
         procs.append(api)
-        assert observer.subscribed.wait(10)
         texts = CommentCorpus(37).texts(400)
         load = BackgroundScore(api_url, texts, stall_after=30, job_size=10, in_flight=4)
         load.start()
@@ -216,7 +223,6 @@ def test_failover_to_a_lagging_replica(group: SentinelGroup, tiny_checkpoint: tu
         assert_detoxify_scores(tiny_detoxify, texts, results)  # every text once, in order, Detoxify's scores
         assert all(p.alive() for p in procs)
     finally:
-        observer.stopped.set()
         for p in reversed(procs):
             p.stop()
 

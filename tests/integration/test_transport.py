@@ -11,12 +11,17 @@ from testing import RedisServer
 from toxfleet.transport import Transport
 
 
-def _three_delivered(conn: Connection) -> list[object]:
-    channel = conn.default_channel
+def _publish(conn: Connection, n: int) -> None:
+    """n messages on queue "q", which this declares."""
     queue = Queue("q", Exchange("q"), routing_key="q")  # type: ignore[no-untyped-call]
-    producer = conn.Producer(channel=channel)
-    for i in range(3):
+    producer = conn.Producer(channel=conn.default_channel)
+    for i in range(n):
         producer.publish({"i": i}, exchange=queue.exchange, routing_key="q", declare=[queue])
+
+
+def _three_delivered(conn: Connection) -> list[object]:
+    _publish(conn, 3)
+    channel = conn.default_channel
     channel.basic_qos(prefetch_size=0, prefetch_count=3, apply_global=False)
     return [channel.basic_get("q") for _ in range(3)]
 
@@ -71,11 +76,8 @@ def test_an_ack_frees_its_prefetch_slot_before_the_loop_decides_to_fetch(clean_r
     for first in range(2):  # each tick callback runs first once (sorted by name: a set has no order)
         hub = Hub()
         with Connection(clean_redis.url, transport=Transport) as conn:
+            _publish(conn, 2)
             channel = conn.default_channel
-            queue = Queue("q", Exchange("q"), routing_key="q")  # type: ignore[no-untyped-call]
-            producer = conn.Producer(channel=channel)
-            for i in range(2):
-                producer.publish({"i": i}, exchange=queue.exchange, routing_key="q", declare=[queue])
             channel.basic_qos(prefetch_size=0, prefetch_count=1, apply_global=False)
             held = channel.basic_get("q")
             channel.basic_consume("q", no_ack=False, callback=lambda message: None, consumer_tag="c")
