@@ -59,7 +59,7 @@ test: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/
 
 ## Only the fault suite (kill -9, SIGTERM, Redis restart and kill -9, poison input), each case run
 ## FAULT_REPEATS times (5; `make test` and CI run each once), then a table per case: lost, duplicated,
-## recovery median and max (also var/faults.json). About 15 minutes per repeat on 2 cores.
+## recovery median and max (also var/faults.json). About 10 minutes per repeat on 2 cores (49 for 5, quiet).
 FAULT_REPEATS ?= 5
 test-faults: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	FAULT_REPEATS=$(FAULT_REPEATS) $(PY) -m pytest -q -s -m faults
