@@ -100,7 +100,11 @@ class SentinelGroup:
         wait_for(lambda: node.info("replication")["connected_slaves"] == 0, 10, "the primary to drop its replica",
                  interval=0.05)
         node.delete("toxfleet-test:lag-filler")
-        return int(node.info("replication")["master_repl_offset"])
+        return self.offset(primary)
+
+    def offset(self, port: int) -> int:
+        """The replication offset a node reports: bytes of writes it has sent (a primary) or applied."""
+        return int(self.node(port).info("replication")["master_repl_offset"])
 
     def resume(self, port: int) -> None:
         self.procs[port].send_signal(signal.SIGCONT)
