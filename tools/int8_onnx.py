@@ -85,12 +85,14 @@ def onnx_variants(model: Any, tokenizer: Any, directory: Path,
         quantize_int8(fp32(), directory / "dynamic-int8.onnx", PER_TENSOR_INT8)
         return OrtModel(directory / "dynamic-int8.onnx"), no_context
 
-    def rowwise(alpha: float | None, keep: Sequence[str] = (), unsigned_gelu: bool = False
+    def rowwise(alpha: float | None, keep: Sequence[str] = (), unsigned_gelu: bool = False, outliers: int = 0
                 ) -> Callable[[], tuple[Any, Callable[[], Any]]]:
         def make() -> tuple[Any, Callable[[], Any]]:
-            out = directory / f"rowwise-{alpha}-{'-'.join(keep) or 'all'}{'-ugelu' if unsigned_gelu else ''}.onnx"
-            counts = onnx_rowwise.rowwise_int8(fp32(), out, None if alpha is None else calibrated(), alpha, keep,
-                                               unsigned_gelu)
+            out = directory / (f"rowwise-{alpha}-{'-'.join(keep) or 'all'}{'-ugelu' if unsigned_gelu else ''}"
+                               f"-o{outliers}.onnx")
+            counts = onnx_rowwise.rowwise_int8(fp32(), out, None if alpha is None and not outliers else calibrated(),
+                                               alpha, keep,
+                                               unsigned_gelu, outliers)
             print(f"  rowwise rewrite: {counts}", flush=True)
             return OrtModel(out), no_context
         return make
@@ -122,11 +124,15 @@ def onnx_variants(model: Any, tokenizer: Any, directory: Path,
             "onnx rowwise int8 + SmoothQuant a=0.5": rowwise(0.5),
             "onnx rowwise int8 + SmoothQuant a=0.65": rowwise(0.65),
             "onnx rowwise int8 + SmoothQuant a=0.8": rowwise(0.8),
-            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out": rowwise(0.5, (), True),
+            "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out, no outlier channels": rowwise(0.5, (), True),
             "onnx rowwise int8 + uint8 GELU-out (no SmoothQuant)": rowwise(None, (), True),
             "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out, QKV fp32": rowwise(0.5, ("qkv",), True),
             "onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out, FFN-in fp32": rowwise(0.5, ("ffn-in",), True),
-            "onnx MatMulNBits 8-bit blk32, int8 compute (acc 4)": nbits8}
+            "onnx MatMulNBits 8-bit blk32, int8 compute (acc 4)": nbits8,
+            **{f"onnx rowwise int8 + SmoothQuant a={a} + uint8 GELU-out + {k} outlier channels fp32":
+               rowwise(a, (), True, k) for a in (0.5, 0.3, None) for k in (4, 8, 16, 32, 48, 64)},
+            **{f"onnx rowwise int8 + SmoothQuant a=0.5 + uint8 GELU-out + 32 outlier channels, {role} fp32":
+               rowwise(0.5, (role,), True, 32) for role in ("qkv", "attention-output", "ffn-in", "ffn-out")}}
 
 
 def onnx_role_search(fp32: Path, directory: Path, alpha: float | None, act_max: dict[str, np.ndarray] | None,

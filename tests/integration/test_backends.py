@@ -124,19 +124,24 @@ def test_gate_applies_the_reduced_budget_to_quantized_backends(exported: WorkerS
 
 
 def test_int8_export_is_per_row_with_smoothquant_as_the_manifest_records(exported: WorkerSettings) -> None:
-    """The export's int8 graph is the default recipe: per-row MatMulInteger with SmoothQuant factors,
-    no per-tensor DynamicQuantizeLinear, every Linear MatMul rewritten; the manifest records it."""
+    """The export's int8 graph is the default recipe: per-row MatMulInteger with SmoothQuant factors and
+    outlier channels in fp32, no per-tensor DynamicQuantizeLinear, every Linear MatMul rewritten; the
+    manifest records it."""
     import onnx
 
     directory, sha = artifacts.export_location(exported)
     manifest = artifacts.verify_export(directory, sha)
     assert manifest.int8 == artifacts.DEFAULT_INT8.record()
     assert manifest.int8["activations"] == artifacts.PER_ROW and manifest.int8["smooth_alpha"] is not None
-    ops = [n.op_type for n in onnx.load(str(directory / artifacts.INT8_MODEL)).graph.node]
+    nodes = onnx.load(str(directory / artifacts.INT8_MODEL)).graph.node
+    ops = [n.op_type for n in nodes if not n.name.endswith("_outlier_mm")]
     fp32_matmuls = [n for n in onnx.load(str(directory / artifacts.FP32_MODEL)).graph.node
                     if n.op_type == "MatMul"]
     assert "DynamicQuantizeLinear" not in ops and "MatMulIntegerToFloat" not in ops
     assert ops.count("MatMulInteger") > 0 and ops.count("MatMul") + ops.count("MatMulInteger") == len(fp32_matmuls)
+    # Each MatMulInteger has its outlier channels' fp32 product beside it (one Gather per input tensor).
+    assert sum(n.name.endswith("_outlier_mm") for n in nodes) == ops.count("MatMulInteger")
+    assert manifest.int8["outlier_channels"] > 0
     constants = [i.name for i in onnx.load(str(directory / artifacts.INT8_MODEL)).graph.initializer]
     assert any(n.startswith("rowwise_") and n.endswith("_inv_smooth") for n in constants)
     # The FFN outputs' rows (GELU, >= -0.17) are shifted into uint8, the shift's product taken back out.

@@ -62,10 +62,10 @@ class Int8Recipe:
     """How `model-int8.onnx` is quantized; the manifest records it, and a worker refuses an int8 graph
     built by another recipe (`verify_int8_recipe`).
 
-    The default is per-row activations with SmoothQuant and uint8 GELU rows (`worker.exports.rowwise`):
-    the closest int8 recipe measured on the trained checkpoint. ONNX Runtime's per-tensor dynamic
-    quantization is 3x further off there, because one text's outlier token sets the scale of every
-    text padded beside it (docs/int8-recipes.md). Neither passes the gate there: the gate decides.
+    The default is per-row activations with SmoothQuant, uint8 GELU rows and 32 outlier channels in
+    fp32 (`worker.exports.rowwise`): the int8 recipe measured closest to fp32 on the trained checkpoint.
+    ONNX Runtime's per-tensor dynamic quantization is 7x further off there, because one text's outlier
+    token sets the scale of every text padded beside it (docs/int8-recipes.md). The gate decides.
     """
 
     activations: str = PER_ROW
@@ -79,12 +79,22 @@ class Int8Recipe:
     twice symmetric int8's resolution, the shift's product subtracted per column."""
     keep_fp32: tuple[str, ...] = ()
     """Per-row only: MatMul roles left in fp32 (`worker.exports.rowwise.ROLES`): mixed precision."""
+    outlier_channels: int = 32
+    """Per-row only: the input channels of each MatMul group with the largest calibrated max |x| (at most
+    an eighth of them) multiplied in fp32, outside the int8 product (LLM.int8()'s decomposition, fixed
+    at export). Trained transformers carry a few huge LayerNorm channels; in a per-row scale they
+    leave the other channels a handful of int8 levels. 0: none."""
     per_channel: bool = True
     """One weight scale per output column rather than per matrix (per-row always is per column)."""
     op_types: tuple[str, ...] = ("MatMul",)
     """Operators quantized; the embedding Gather stays fp32 (it costs a lookup, not compute)."""
     reduce_range: bool = False
     """7-bit weights (per-tensor only): only needed on CPUs without VNNI, where u8 x s8 products can saturate."""
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether building it reads activation statistics (`worker.calibration`'s texts)."""
+        return self.activations == PER_ROW and (self.smooth_alpha is not None or self.outlier_channels > 0)
 
     def record(self) -> dict[str, Any]:
         """The recipe as the manifest stores it (JSON types: tuples as lists)."""
@@ -94,7 +104,7 @@ class Int8Recipe:
 
 DEFAULT_INT8 = Int8Recipe()
 
-PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False)
+PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False, outlier_channels=0)
 """ONNX Runtime's dynamic quantization, the export's int8 recipe before issue 10 (benchmarks only)."""
 
 

@@ -124,17 +124,18 @@ def calibration_feeds(tokenizer: Any, texts: list[str], pass_tokens: int = 1024,
 
 def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
                   feeds: list[dict[str, Any]] | None = None) -> dict[str, int]:
-    """Write the int8 graph of `src` by `recipe`; `feeds` (`calibration_feeds`) when it smooths.
+    """Write the int8 graph of `src` by `recipe`; `feeds` (`calibration_feeds`) when it is calibrated.
     Returns what the per-row rewrite counted (empty for the per-tensor quantizer)."""
     if recipe.activations == PER_ROW:
         from worker.exports import rowwise
 
         act_max = None
-        if recipe.smooth_alpha is not None:
+        if recipe.calibrated:
             if not feeds:
-                raise ValueError("a SmoothQuant int8 recipe needs calibration feeds")
+                raise ValueError("a calibrated int8 recipe (SmoothQuant, outlier channels) needs calibration feeds")
             act_max = rowwise.activation_maxima(src, feeds)
-        return rowwise.rowwise_int8(src, dst, act_max, recipe.smooth_alpha, recipe.keep_fp32, recipe.unsigned_gelu)
+        return rowwise.rowwise_int8(src, dst, act_max, recipe.smooth_alpha, recipe.keep_fp32, recipe.unsigned_gelu,
+                                    recipe.outlier_channels)
     if recipe.activations != PER_TENSOR:
         raise ValueError(f"unknown int8 activations {recipe.activations!r}")
     from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy optional dependency (export only)
@@ -204,7 +205,7 @@ def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
             raise ExportError(f"the ONNX export does not reproduce the torch model (max logit difference {diff:.3g} "
                               f"> {EXPORT_CHECK_TOLERANCE}); refusing it")
         feeds = None
-        if recipe.activations == PER_ROW and recipe.smooth_alpha is not None:
+        if recipe.calibrated:
             feeds = calibration_feeds(tokenizer, calibration_texts(recipe.calibration_texts),
                                       settings.pass_tokens, settings.pass_texts)
         quantize_int8(work / FP32_MODEL, work / INT8_MODEL, recipe, feeds)

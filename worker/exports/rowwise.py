@@ -13,7 +13,10 @@ and `MatMulIntegerToFloat` only a scalar `a_scale`, so per-row scales are writte
     q  = QuantizeLinear(xs / r, 1.0, uint8 128)                 symmetric int8, stored +128 as uint8
     y  = Cast(MatMulInteger(q, Wq, 128), float) * w_scale * r   int32 accumulate, rescale
 
-Wq = round(W * smooth / w_scale) in int8, per output column. MatMuls that read the same tensor share
+With outlier channels O (the calibration's largest max |x_j|), inv_smooth is 0 on O, so they set no
+row's scale, and y += Gather(x, O) @ W[O, :] in fp32.
+
+Wq = round(W * smooth / w_scale) in int8 (rows O zeroed), per output column. MatMuls that read the same tensor share
 one row quantization, and MatMuls that share a tensor or a weight (ALBERT shares its layer's weights
 across layers) share one smoothing vector, so each weight is quantized once.
 
@@ -33,6 +36,10 @@ INT8_MAX = 127
 """Symmetric int8 range [-127, 127] (the uint8 storage is that + 128: 1..255)."""
 
 ZERO_POINT = 128
+
+OUTLIER_SHARE = 8
+"""At most 1/OUTLIER_SHARE of a MatMul's input channels are kept fp32 as outliers, so a narrow model
+keeps most of its product in int8."""
 
 GELU_FLOOR = 0.1701
 """A little over -min GELU(x) (0.16997, at x = -0.75; the tanh form's is the same to 1e-4)."""
@@ -153,18 +160,24 @@ def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = None,
-                 alpha: float | None = None, keep_fp32: Sequence[str] = (), unsigned_gelu: bool = False
-                 ) -> dict[str, int]:
+                 alpha: float | None = None, keep_fp32: Sequence[str] = (), unsigned_gelu: bool = False,
+                 outliers: int = 0) -> dict[str, int]:
     """Write `dst`: `src` with every Linear MatMul in per-row int8 (SmoothQuant with `alpha` when
     `act_max`, from `activation_maxima`, is given), except those whose role (`matmul_roles`) is in
     `keep_fp32`. With `unsigned_gelu`, a MatMul reading a Gelu (the FFN output) quantizes x + 0.1701
     (GELU's output is >= -0.17) per row to uint8 0..255 (twice the resolution of symmetric int8) and
-    subtracts the shift's product, a constant per column. Returns counts of what was rewritten."""
+    subtracts the shift's product, a constant per column. With `outliers` (and `act_max`), the
+    `outliers` input channels of each group with the largest calibrated max |x_j| leave the int8 product
+    (LLM.int8()'s decomposition, with the channels fixed at export): they are gathered and multiplied by
+    their fp32 weight rows, so they no longer set every row's scale. Returns counts of what was
+    rewritten."""
     import onnx  # heavy optional dependency: only the export needs it
     from onnx import TensorProto, helper, numpy_helper
 
-    if (alpha is None) != (act_max is None):
-        raise ValueError("SmoothQuant needs both alpha and the calibration maxima")
+    if alpha is not None and act_max is None:
+        raise ValueError("SmoothQuant needs the calibration maxima")
+    if outliers and act_max is None:
+        raise ValueError("outlier channels are chosen from the calibration maxima")
     model = onnx.load(str(src))
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -192,15 +205,25 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     replaced: dict[str, list[Any]] = {}  # MatMul output -> the nodes replacing it
     quantized_weights: dict[str, tuple[str, str]] = {}
     row_quant: dict[str, tuple[str, str]] = {}  # input tensor -> (q, row scale)
+    gathers: set[str] = set()  # input tensors whose outlier channels are gathered
     smoothed = 0
     for group in _groups(nodes):
         smooth: np.ndarray | None = None
-        if act_max is not None and alpha is not None:
+        split: np.ndarray | None = None  # outlier channels kept fp32, ascending
+        if act_max is not None:
             xs = [act_max[n.input[0]] for n in group if n.input[0] in act_max]
             weights = [numpy_helper.to_array(inits[n.input[1]]) for n in group]
             if xs:
-                smooth = smooth_factors(np.max(xs, axis=0), weights, alpha)
-                smoothed += 1
+                peak = np.max(xs, axis=0)
+                if alpha is not None:
+                    smooth = smooth_factors(peak, weights, alpha)
+                    smoothed += 1
+                if outliers:
+                    split = np.sort(np.argsort(peak)[-min(outliers, peak.size // OUTLIER_SHARE):]).astype(np.int64)
+                    smooth = np.ones(peak.shape, np.float32) if smooth is None else smooth
+        inverse = None if smooth is None else (1.0 / smooth).astype(np.float32)
+        if inverse is not None and split is not None:
+            inverse[split] = 0.0  # the outlier channels leave the int8 product, and so every row's scale
         for node in group:
             out: list[Any] = []
             x = node.input[0]
@@ -210,11 +233,13 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                 shift = np.full(inits[node.input[1]].dims[0], GELU_FLOOR, np.float32)
                 if smooth is not None:
                     shift = (shift / smooth).astype(np.float32)
+                if split is not None:
+                    shift[split] = 0.0
             if x not in row_quant:
                 p = f"rowwise_{len(row_quant)}"
                 source = x
-                if smooth is not None:
-                    inv = const(f"{p}_inv_smooth", (1.0 / smooth).astype(np.float32))
+                if inverse is not None:
+                    inv = const(f"{p}_inv_smooth", inverse)
                     out.append(helper.make_node("Mul", [x, inv], [f"{p}_xs"], name=f"{p}_smooth"))
                     source = f"{p}_xs"
             if x not in row_quant and shift is not None:
@@ -241,11 +266,13 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                 weight = numpy_helper.to_array(inits[w]).astype(np.float32)
                 if smooth is not None:
                     weight = weight * smooth[:, None]
+                if split is not None:
+                    weight[split, :] = 0.0
                 wq, ws = quantize_columns(weight)
                 quantized_weights[w] = (const(f"{w}_rowwise_q", wq), const(f"{w}_rowwise_scale", ws))
             wq_name, ws_name = quantized_weights[w]
             n = f"{node.name or node.output[0]}_rowwise"
-            scaled = node.output[0] if shift is None else f"{n}_y"
+            scaled = node.output[0] if shift is None and split is None else f"{n}_y"
             out += [helper.make_node("MatMulInteger", [q, wq_name, zero if shift is not None else zp], [f"{n}_acc"],
                                      name=f"{n}_mmi"),
                     helper.make_node("Cast", [f"{n}_acc"], [f"{n}_f"], name=f"{n}_cast", to=TensorProto.FLOAT),
@@ -257,8 +284,20 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                                            next(i for i in new_inits if i.name == wq_name)).astype(np.float32)
                 scale = next(i for i in new_inits if i.name == ws_name)
                 correction = (shift @ (wq * numpy_helper.to_array(scale)[None, :])).astype(np.float32)
+                unshifted = node.output[0] if split is None else f"{n}_u"
                 out.append(helper.make_node("Sub", [scaled, const(f"{n}_shift_product", correction)],
-                                            [node.output[0]], name=f"{n}_unshift"))
+                                            [unshifted], name=f"{n}_unshift"))
+                scaled = unshifted
+            if split is not None:
+                gathered = f"{x}_rowwise_outliers"
+                if x not in gathers:  # MatMuls reading one tensor (Q, K, V) share its gathered channels
+                    gathers.add(x)
+                    out.append(helper.make_node("Gather", [x, const(f"{gathered}_idx", split)], [gathered],
+                                                name=f"{gathered}_gather", axis=-1))
+                rows = numpy_helper.to_array(inits[w]).astype(np.float32)[split, :]
+                out += [helper.make_node("MatMul", [gathered, const(f"{w}_outlier_w", rows)], [f"{n}_o"],
+                                         name=f"{n}_outlier_mm"),
+                        helper.make_node("Add", [scaled, f"{n}_o"], [node.output[0]], name=f"{n}_outlier_add")]
             replaced[node.output[0]] = out
     rebuilt: list[Any] = []
     for node in graph.node:
@@ -271,4 +310,4 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     graph.initializer.extend(keep + [i for i in new_inits if i.name in used])
     onnx.save(model, str(dst))
     return {"matmuls": len(nodes), "weights": len(quantized_weights), "row_quantizations": len(row_quant),
-            "smoothed_groups": smoothed}
+            "smoothed_groups": smoothed, "outlier_gathers": len(gathers)}

@@ -1,0 +1,72 @@
+"""The ONNX per-row int8 rewrite (`worker.exports.rowwise`) on a one-MatMul graph, run by ONNX Runtime:
+what outlier channels in fp32 buy when one activation channel dwarfs the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worker.exports.rowwise import OUTLIER_SHARE, rowwise_int8
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+IN, OUT = 64, 32
+
+
+def _linear(path: Path, weight: np.ndarray) -> Path:
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="linear")], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", IN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", OUT])],
+        [numpy_helper.from_array(weight, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    return path
+
+
+def _run(path: Path, x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return out
+
+
+@pytest.fixture
+def case(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(IN, OUT)).astype(np.float32)
+    x = rng.normal(size=(200, IN)).astype(np.float32)
+    x[:, [5, 40]] *= 60  # two LayerNorm-style outlier channels, in every row
+    return _linear(tmp_path / "fp32.onnx", weight), weight, x, {"x": np.abs(x).max(axis=0)}
+
+
+def test_outlier_channels_in_fp32_cut_the_error_of_every_row(tmp_path: Path, case) -> None:  # type: ignore[no-untyped-def]
+    src, weight, x, act_max = case
+    expected = x @ weight
+    plain = rowwise_int8(src, tmp_path / "plain.onnx", act_max)
+    split = rowwise_int8(src, tmp_path / "split.onnx", act_max, outliers=2)
+    assert plain["outlier_gathers"] == 0 and split["outlier_gathers"] == 1
+    plain_error = np.abs(_run(tmp_path / "plain.onnx", x) - expected).mean()
+    split_error = np.abs(_run(tmp_path / "split.onnx", x) - expected).mean()
+    assert split_error < plain_error / 10  # the other 62 channels get the whole int8 range back
+
+
+def test_the_outlier_channels_product_is_exact_fp32(tmp_path: Path, case) -> None:  # type: ignore[no-untyped-def]
+    """Only the chosen channels are non-zero: the int8 product sees zeros, the fp32 one all of it."""
+    src, weight, x, act_max = case
+    rowwise_int8(src, tmp_path / "split.onnx", act_max, outliers=2)
+    only = np.zeros_like(x)
+    only[:, [5, 40]] = x[:, [5, 40]]
+    np.testing.assert_allclose(_run(tmp_path / "split.onnx", only), only @ weight, rtol=1e-5, atol=1e-4)
+
+
+def test_outlier_channels_are_capped_and_need_the_calibration(tmp_path: Path, case) -> None:  # type: ignore[no-untyped-def]
+    src, weight, x, act_max = case
+    rowwise_int8(src, tmp_path / "capped.onnx", act_max, outliers=IN)
+    model = onnx.load(str(tmp_path / "capped.onnx"))
+    index = next(i for i in model.graph.initializer if i.name.endswith("_outliers_idx"))
+    assert index.dims == [IN // OUTLIER_SHARE]
+    with pytest.raises(ValueError, match="calibration"):
+        rowwise_int8(src, tmp_path / "x.onnx", outliers=2)
