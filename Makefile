@@ -81,8 +81,9 @@ bench-backends: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf $(PY) -m bench.backends $(BENCH_ARGS)
 
 ## Benchmark on this machine's cores: the existing design vs the raw model ceiling vs toxfleet, both
-## architectures; writes docs/benchmarks.md, its plots and raw results (minutes; run on a quiet machine).
-bench: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt
+## architectures, and the trained checkpoint with the backend `auto` picks (what a user gets); writes
+## docs/benchmarks.md, its plots and raw results (minutes; run on a quiet machine).
+bench: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt $(MODELS)/trained/model.ckpt
 	$(PY) -m bench.run --models-dir $(MODELS)
 
 ## The benchmark's smoke version (tiny model, about a minute): writes var/bench-quick.md.

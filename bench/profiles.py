@@ -46,9 +46,13 @@ PROFILES: dict[str, Profile] = {
     # For the second architecture: the single-client and saturation points, toxfleet's own API only.
     "reduced": Profile(clients=(1, 100), open_loads=(), windows=2, window=8.0, warmup=3.0, corpus=3000,
                        ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=2, toxfleet_modes=("jobs",)),
+    # What a user gets on a trained checkpoint: toxfleet runs the backend `auto` picks, 1 and 32 clients.
+    "headline": Profile(clients=(1, 32), open_loads=(), windows=2, window=8.0, warmup=3.0, corpus=3000,
+                        ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=2, toxfleet_modes=("jobs",)),
     "quick": Profile(clients=(1, 20), open_loads=(2.0,), windows=1, window=3.0, warmup=1.0, corpus=500,
                      ceiling_per_process=32, ceiling_reference=16, ceiling_repeats=1, ceiling_sweep=(1, 8),
                      open_deadline=20.0),
 }
 
-DEFAULT_MODELS = {"full": "unbiased-small:full,original:reduced", "quick": "tiny:quick"}
+DEFAULT_MODELS = {"full": "unbiased-small:full,original:reduced,trained:headline:auto", "quick": "tiny:quick"}
+"""Per run: comma list of kind[:profile[:backend]]; a model's backend overrides `--backend` for it."""

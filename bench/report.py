@@ -58,7 +58,9 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         f"CPU peak (fp32): **{peak:.0f} GFLOP/s** = {cpu['assumptions']}.",
         "",
         "Weights are random (synthetic checkpoints with the real architectures, `python -m tools.synthetic`): "
-        "compute is real, scores are meaningless. The load generator runs on the same cores as the system "
+        "compute is real, scores are meaningless; except `trained`'s, real all-MiniLM-L6-v2 weights fine-tuned "
+        "offline (`python -m tools.trained`), on which the fidelity gate judges the reduced backends. "
+        "The load generator runs on the same cores as the system "
         "under test (its CPU is in the raw results); \"other CPU\" is what the rest of the machine used "
         "meanwhile: well above 0 means a neighbour disturbed the run.",
         "",
@@ -75,7 +77,9 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
             f"## {name}",
             "",
             f"Checkpoint `{Path(model['checkpoint']).parent.name}`: {arch['layers']} layers × {arch['hidden']} hidden, "
-            f"{model['ceiling']['flops_per_token'] / 1e6:.3g} MFLOP per token (matmuls). Each figure is the median of "
+            f"{model['ceiling']['flops_per_token'] / 1e6:.3g} MFLOP per token (matmuls). "
+            + _backend_sentence(model.get("backend"))
+            + "Each figure is the median of "
             f"{prof['windows']} windows × {meta['rounds']} round(s) with its min–max range; a window is "
             f"{prof['window']:.0f} s or longer. "
             + (f"Throughput is **token-normalised**: tokens answered per second ÷ the corpus's mean of "
@@ -194,6 +198,15 @@ def _disturbance(results: dict[str, Any]) -> list[str]:
 def _ceiling_configs(model: dict[str, Any]) -> list[dict[str, Any]]:
     c = model.get("ceiling") or {}
     return [*c.get("configs", []), *([c["reference"]] if c.get("reference") else [])]
+
+
+def _backend_sentence(backend: dict[str, str] | None) -> str:
+    """Which backend toxfleet ran for this model (results before per-model backends: the run's)."""
+    if not backend or backend["runs"] == "torch" == backend["asked"]:
+        return ""
+    asked = "" if backend["asked"] == backend["runs"] else f"`TOXFLEET_BACKEND={backend['asked']}`: "
+    return (f"toxfleet runs **`{backend['runs']}`** ({asked}{backend['why']}); the baseline and the ceiling run "
+            "Detoxify's torch fp32, as the existing service does. ")
 
 
 def _rel(path: Path, md: Path) -> str:

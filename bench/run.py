@@ -42,6 +42,7 @@ from bench.services import ROOT, Service, start_baseline, start_redis, start_tox
 from bench.stats import Spread, distribution
 from testing.processes import reap_on_term
 from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
+from worker.gate.selection import resolve_backend
 from worker.settings import WorkerSettings
 
 SETTLE_CPU = 0.3
@@ -58,13 +59,31 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+TRAINED = "trained"
+"""The checkpoint kind `tools.trained` builds (real MiniLM weights, fine-tuned); the others are synthetic."""
+
+
 def ensure_checkpoint(models_dir: Path, kind: str) -> tuple[Path, Path]:
     ckpt = models_dir / kind / "model.ckpt"
     if not ckpt.is_file():
-        log(f"building synthetic checkpoint {kind} in {models_dir}")
-        subprocess.run([sys.executable, "-m", "tools.synthetic", kind, "--out", str(models_dir)], check=True,
-                       cwd=ROOT)
+        tool = ["tools.trained"] if kind == TRAINED else ["tools.synthetic", kind]
+        log(f"building checkpoint {kind} in {models_dir} ({' '.join(tool)})")
+        subprocess.run([sys.executable, "-m", *tool, "--out", str(models_dir)], check=True, cwd=ROOT)
     return ckpt, ckpt.parent / "hf"
+
+
+def prepare_backend(ckpt: Path, hf: Path, backend: str) -> dict[str, str]:
+    """What `make run` does before its workers start (`python -m worker.export --prepare`): the export a
+    forced ONNX backend loads, or for `auto` the export and the fidelity gate's decision (cached by the
+    checkpoint's sha256). Returns the backend asked for, the one the workers will run and why."""
+    env = {"TOXFLEET_CHECKPOINT": str(ckpt), "TOXFLEET_HF_CONFIG": str(hf), "TOXFLEET_BACKEND": backend}
+    if backend != "torch":
+        log(f"preparing TOXFLEET_BACKEND={backend} for {ckpt}")
+        subprocess.run([sys.executable, "-m", "worker.export", "--prepare"], check=True, cwd=ROOT,
+                       env={**os.environ, **env})
+    runs, why = resolve_backend(WorkerSettings(checkpoint=ckpt, hf_config=hf, backend=backend))
+    log(f"toxfleet runs {runs} ({why})")
+    return {"asked": backend, "runs": runs, "why": why}
 
 
 class Bench:
@@ -282,6 +301,7 @@ def _level(point: dict[str, Any]) -> str:
 def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds: int, seed: int,
               log_dir: Path, systems: list[str], backend: str) -> dict[str, Any]:
     ckpt, hf = ensure_checkpoint(models_dir, kind)
+    backend_entry = prepare_backend(ckpt, hf, backend)
     corpus = CommentCorpus(seed).texts(profile.corpus)
     ws = WorkerSettings()
     log(f"{kind}: raw model ceiling, {cores} processes x 1 thread")
@@ -289,7 +309,8 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
                                   profile.ceiling_repeats, ws.pass_tokens, ws.pass_texts, length_texts=corpus,
                                   sweep=profile.ceiling_sweep, log=log)
     lengths = ceiling.pop("lengths")
-    entry: dict[str, Any] = {"checkpoint": str(ckpt), "profile": asdict(profile), "ceiling": ceiling,
+    entry: dict[str, Any] = {"checkpoint": str(ckpt), "backend": backend_entry, "profile": asdict(profile),
+                             "ceiling": ceiling,
                              "tokens": distribution(lengths), "token_lengths": lengths, "points": []}
     bench = Bench(profile, corpus, cores, seed, lengths)
     systems_ = {"baseline": baseline_system(ckpt, hf, cores, log_dir / kind),
@@ -305,12 +326,25 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
     return entry
 
 
+def model_specs(spec: str, profile: str, backend: str) -> list[tuple[str, str, str]]:
+    """(kind, profile, backend) per item of a `kind[:profile[:backend]]` comma list; the run's profile
+    and `--backend` fill what an item leaves out."""
+    out = []
+    for item in spec.split(","):
+        kind, _, rest = item.strip().partition(":")
+        profile_name, _, model_backend = rest.partition(":")
+        if profile_name and profile_name not in PROFILES:
+            raise SystemExit(f"bench: unknown profile {profile_name!r} in {item!r}; known: {', '.join(PROFILES)}")
+        out.append((kind, profile_name or profile, model_backend or backend))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     reap_on_term()  # a killed run (timeout, kill) takes its servers with it
     load.raise_open_files_limit()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny checkpoint, seconds per point")
-    parser.add_argument("--models", help="comma list of kind[:profile] (default: full: "
+    parser.add_argument("--models", help="comma list of kind[:profile[:backend]] (default: full: "
                                          f"{DEFAULT_MODELS['full']}; quick: {DEFAULT_MODELS['quick']})")
     parser.add_argument("--models-dir", type=Path, default=ROOT / "models")
     parser.add_argument("--rounds", type=int, default=1, help="times baseline then toxfleet are started and measured")
@@ -349,9 +383,8 @@ def main(argv: list[str] | None = None) -> None:
                                "models": {}}
     results["meta"]["worker_settings"]["backend"] = args.backend
     started = time.monotonic()
-    for item in (args.models or DEFAULT_MODELS[name]).split(","):
-        kind, _, profile_name = item.strip().partition(":")
-        profile = PROFILES[profile_name or name]
+    for kind, profile_name, model_backend in model_specs(args.models or DEFAULT_MODELS[name], name, args.backend):
+        profile = PROFILES[profile_name]
         if args.windows:
             profile = replace(profile, windows=args.windows)
         if args.window:
@@ -362,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
             profile = replace(profile, ceiling_per_process=args.ceiling_texts,
                               ceiling_reference=min(profile.ceiling_reference, args.ceiling_texts))
         results["models"][kind] = run_model(kind, profile, args.models_dir, cores, args.rounds, args.seed, log_dir,
-                                            systems=args.systems.split(","), backend=args.backend)
+                                            systems=args.systems.split(","), backend=model_backend)
         _save(results, started, out)
     _save(results, started, out)
     report.render(results, md, out.parent, os.path.relpath(out, ROOT))

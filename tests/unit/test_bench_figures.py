@@ -251,3 +251,23 @@ def test_lanes_ratio_is_taken_per_repeat_and_judged_on_its_median() -> None:
     assert "median **1.50x** (target <= 2x: met)" in text and "| 2. backfill | 200 ms | 1000 ms | 10.0 | 1 |" in text
     repeats[0]["backfill"]["p99"] = repeats[2]["backfill"]["p99"] = 0.9
     assert summary(repeats)["met"] is False
+
+
+def test_model_specs_give_each_model_its_profile_and_backend() -> None:
+    """`make bench` runs the trained checkpoint on the backend `auto` picks while the others keep the
+    run's `--backend`; an unknown profile stops the run before anything starts."""
+    from bench.profiles import DEFAULT_MODELS
+    from bench.run import model_specs
+
+    assert model_specs(DEFAULT_MODELS["full"], "full", "torch") == [
+        ("unbiased-small", "full", "torch"), ("original", "reduced", "torch"), ("trained", "headline", "auto")]
+    assert model_specs("tiny", "quick", "onnx") == [("tiny", "quick", "onnx")]
+    with pytest.raises(SystemExit, match="unknown profile"):
+        model_specs("tiny:fast", "quick", "torch")
+
+
+def test_report_names_the_backend_toxfleet_ran_when_it_is_not_the_baselines() -> None:
+    sentence = report._backend_sentence({"asked": "auto", "runs": "onnx-int8", "why": "fastest that passed"})
+    assert "**`onnx-int8`**" in sentence and "TOXFLEET_BACKEND=auto" in sentence and "torch fp32" in sentence
+    assert report._backend_sentence({"asked": "torch", "runs": "torch", "why": "TOXFLEET_BACKEND"}) == ""
+    assert report._backend_sentence(None) == ""  # results from before per-model backends
