@@ -21,8 +21,8 @@ def _linear(path: Path, weight: np.ndarray) -> Path:
 
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="linear")], "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", IN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", OUT])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", weight.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", weight.shape[1]])],
         [numpy_helper.from_array(weight, "w")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
     return path
@@ -70,3 +70,15 @@ def test_outlier_channels_are_capped_and_need_the_calibration(tmp_path: Path, ca
     assert index.dims == [IN // OUTLIER_SHARE]
     with pytest.raises(ValueError, match="calibration"):
         rowwise_int8(src, tmp_path / "x.onnx", outliers=2)
+
+
+def test_a_matmul_too_narrow_for_one_outlier_channel_keeps_all_in_int8(tmp_path: Path) -> None:
+    narrow = OUTLIER_SHARE - 1
+    rng = np.random.default_rng(1)
+    weight = rng.normal(size=(narrow, OUT)).astype(np.float32)
+    x = rng.normal(size=(8, narrow)).astype(np.float32)
+    src = _linear(tmp_path / "narrow.onnx", weight)
+    counts = rowwise_int8(src, tmp_path / "q.onnx", {"x": np.abs(x).max(axis=0)}, outliers=4)
+    assert counts["outlier_gathers"] == 0 and counts["matmuls"] == 1
+    error = np.abs(_run(tmp_path / "q.onnx", x) - x @ weight).max()
+    assert 0 < error < 0.1  # int8 really ran, on every channel

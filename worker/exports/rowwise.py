@@ -218,8 +218,9 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                 if alpha is not None:
                     smooth = smooth_factors(peak, weights, alpha)
                     smoothed += 1
-                if outliers:
-                    split = np.sort(np.argsort(peak)[-min(outliers, peak.size // OUTLIER_SHARE):]).astype(np.int64)
+                kept = min(outliers, peak.size // OUTLIER_SHARE)
+                if kept > 0:  # (a slice [-0:] would be every channel)
+                    split = np.sort(np.argsort(peak)[-kept:]).astype(np.int64)
                     smooth = np.ones(peak.shape, np.float32) if smooth is None else smooth
         inverse = None if smooth is None else (1.0 / smooth).astype(np.float32)
         if inverse is not None and split is not None:
