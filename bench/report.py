@@ -157,7 +157,8 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         f"`TOXFLEET_CONCURRENCY=<cores>` and `TOXFLEET_BACKEND={meta.get('toxfleet_backend', 'torch')}`"
         + ("" if meta.get("toxfleet_backend", "torch") == "torch" else
            " (**not** the torch fp32 of the baseline and the ceiling: ratios compare different backends)")
-        + ", the score cache off (`TOXFLEET_CACHE=false`: the corpus repeats, and the baseline has no cache), "
+        + " where a model's section names no other backend, the score cache off (`TOXFLEET_CACHE=false`: the "
+        "corpus repeats, and the baseline has no cache), "
         "a private `redis-server`; settings: "
         + ", ".join(f"`{k}={v}`" for k, v in {**meta["worker_settings"], **meta["api_settings"]}.items())
         + (", environment " + ", ".join(f"`{k}={v}`" for k, v in meta["toxfleet_env"].items())
