@@ -325,7 +325,7 @@ def test_ensure_export_rebuilds_a_corrupt_export(exported: WorkerSettings, tmp_p
 
 
 def test_auto_uses_a_valid_decision_and_falls_back_to_the_reference(exported: WorkerSettings, tmp_path: Path) -> None:
-    """`auto` runs the gate's choice while checkpoint, CPU flags and versions match; otherwise torch."""
+    """`auto` runs the gate's choice while checkpoint, int8 recipe, CPU flags and versions match; otherwise torch."""
     from worker.gate.decision import Decision
     from worker.gate.selection import resolve_backend
 
@@ -342,6 +342,11 @@ def test_auto_uses_a_valid_decision_and_falls_back_to_the_reference(exported: Wo
              kernel_signature=another_cpu()).write(directory)
     name, why = resolve_backend(auto)
     assert name == "torch" and "CPU" in why
+    # A decision gated on another int8 recipe's graph (here the per-tensor one) no longer holds, whatever it chose.
+    Decision(checkpoint_sha256=sha, chosen="onnx", rows=[], threads=1, texts=10,
+             int8_recipe=artifacts.PER_TENSOR_INT8.record()).write(directory)
+    name, why = resolve_backend(auto)
+    assert name == "torch" and "int8 recipe" in why
 
 
 def test_export_command_gate_writes_the_decision(exported: WorkerSettings, tmp_path: Path,

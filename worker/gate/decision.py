@@ -2,7 +2,8 @@
 
 `python -m worker.export` (or `python -m worker.gate --write-decision`) writes it: the gate's table
 and the fastest backend that passed. It holds only while what runs now is what was measured: the same
-checkpoint, the same kernel-relevant CPU flags, the same torch/onnxruntime/transformers versions.
+checkpoint, the same int8 recipe, the same kernel-relevant CPU flags, the same torch/onnxruntime/transformers
+versions.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.exports.artifacts import DECISION_FILE, installed_version
+from worker.exports.artifacts import DECISION_FILE, DEFAULT_INT8, installed_version
 
-DECISION_FORMAT = 2
+DECISION_FORMAT = 3
 """Version of decision.json; another version is ignored (auto falls back to the reference). 2: the
 issue-10 budgets (p99, flips at every threshold, rank agreement); a format-1 decision was judged on
-looser ones, so it must be made again."""
+looser ones, so it must be made again. 3: records the int8 recipe whose graph the gate measured
+(`int8_recipe`); a format-2 decision cannot say which it was."""
 
 DECIDING_VERSIONS = ("torch", "onnxruntime", "transformers")
 """Packages whose version changes the kernels or the tokenizer the gate measured."""
@@ -38,6 +40,9 @@ class Decision:
     cpu: str = field(default_factory=cpu_model_name)
     versions: dict[str, str | None] = field(
         default_factory=lambda: {d: installed_version(d) for d in DECIDING_VERSIONS})
+    int8_recipe: dict[str, Any] = field(default_factory=DEFAULT_INT8.record)
+    """The recipe of the `onnx-int8` graph gated: another recipe's graph scores and times differently, so
+    the choice among all backends must be made again (bf16 may have won only because int8 failed)."""
     format: int = DECISION_FORMAT
     created: float = field(default_factory=time.time)
 
@@ -58,6 +63,8 @@ class Decision:
             return f"decision format {self.format}, expected {DECISION_FORMAT}"
         if self.checkpoint_sha256 != checkpoint_sha:
             return "decision was made for another checkpoint"
+        if self.int8_recipe != DEFAULT_INT8.record():
+            return "decision was made on another int8 recipe's graph (the export's recipe changed since)"
         signature = kernel_signature()
         if self.kernel_signature != signature:
             return f"decision was made on a CPU with [{self.kernel_signature}], this one has [{signature}]"
