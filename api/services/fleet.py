@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 import redis.asyncio as aioredis
 
@@ -25,16 +27,43 @@ other API processes' submits of the last window, and work finished in it, are no
 read: the limit may be passed, or reached early, by what a fleet submits or finishes in 50 ms."""
 
 
+T = TypeVar("T")
+
+
+class _SharedRead(Generic[T]):
+    """One Redis read shared by every caller for `ttl` seconds. Callers that arrive while it is in
+    flight await it rather than start their own: under load a whole burst of submits asks at once, and
+    a view that expired would otherwise be read once per submit of the burst. A failed read is not reused."""
+
+    def __init__(self, ttl: float, read: Callable[[], Awaitable[T]]) -> None:
+        self._ttl = ttl
+        self._read = read
+        self._future: asyncio.Future[T] | None = None
+        self._at = -ttl
+
+    def due(self) -> bool:
+        """Whether the next `get` starts a read: none yet, the last older than `ttl`, or it failed."""
+        f = self._future
+        return (f is None or time.monotonic() >= self._at + self._ttl
+                or (f.done() and (f.cancelled() or f.exception() is not None)))
+
+    async def get(self) -> T:
+        if self.due():
+            self._at = time.monotonic()
+            # A task, not a coroutine: a caller that is cancelled must not cancel the read the others await.
+            self._future = asyncio.ensure_future(self._read())
+        assert self._future is not None
+        return await asyncio.shield(self._future)
+
+
 class FleetService:
     """Workers, backlog and cache size. One per process."""
 
     def __init__(self, redis: aioredis.Redis, cache: AsyncScoreCache | None = None) -> None:
         self._redis = redis
         self._cache = cache
-        self._view: list[Heartbeat] = []
-        self._view_at = -FLEET_TTL
-        self._backlog_read: asyncio.Future[Backlog] | None = None
-        self._backlog_at = -BACKLOG_TTL
+        self._workers = _SharedRead(FLEET_TTL, self.workers)
+        self._backlog = _SharedRead(BACKLOG_TTL, self.backlog)
         self._sent_since_read = 0
 
     async def workers(self) -> list[Heartbeat]:
@@ -42,12 +71,9 @@ class FleetService:
         return await alive_workers(self._redis)
 
     async def recent_workers(self) -> list[Heartbeat]:
-        """`workers()`, re-read at most every FLEET_TTL seconds: submits ask on every job."""
-        now = time.monotonic()
-        if now >= self._view_at + FLEET_TTL:
-            self._view = await self.workers()
-            self._view_at = now
-        return self._view
+        """`workers()`, read at most once per FLEET_TTL seconds (submits ask on every job); concurrent
+        callers share one read."""
+        return await self._workers.get()
 
     async def backlog(self) -> Backlog:
         """Messages waiting, messages delivered but unacknowledged, and answering workers (one round trip)."""
@@ -56,16 +82,10 @@ class FleetService:
     async def recent_backlog(self) -> Backlog:
         """`backlog()`, read at most once per BACKLOG_TTL seconds, plus the messages sent here since;
         concurrent callers share one read, and a failed read is not reused."""
-        now = time.monotonic()
-        read = self._backlog_read
-        if read is None or now >= self._backlog_at + BACKLOG_TTL \
-                or (read.done() and (read.cancelled() or read.exception() is not None)):
-            self._backlog_at = now
+        if self._backlog.due():
             # Sends during the read may be counted twice (in it and here): an overestimate, on the safe side.
             self._sent_since_read = 0
-            # A task, not a coroutine: a caller that is cancelled must not cancel the read the others await.
-            read = self._backlog_read = asyncio.ensure_future(self.backlog())
-        backlog = await asyncio.shield(read)
+        backlog = await self._backlog.get()
         return dataclasses.replace(backlog, queued=backlog.queued + self._sent_since_read)
 
     def count_sent(self, messages: int) -> None:

@@ -48,6 +48,33 @@ def test_submitting_subscribes_to_nothing(client: TestClient, redis_server) -> N
     assert "cmdstat_subscribe" not in stats and "cmdstat_unsubscribe" not in stats, stats
 
 
+def test_a_burst_of_submits_shares_one_read_of_the_fleet(bare_redis: RedisServer) -> None:
+    """Each submit asks which workers are alive and how much work waits (backpressure). When the cached
+    view expires under load, the submits of that moment share one read rather than each making it."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from api.services.fleet import FleetService
+
+    async def burst() -> None:
+        client = aioredis.Redis.from_url(bare_redis.url)
+        try:
+            fleet = FleetService(client)
+            views = await asyncio.gather(*[fleet.recent_workers() for _ in range(32)])
+            backlogs = await asyncio.gather(*[fleet.recent_backlog() for _ in range(32)])
+        finally:
+            await client.aclose()
+        assert views == [[]] * 32 and len({b.total for b in backlogs}) == 1
+
+    r = bare_redis.client()
+    r.config_resetstat()
+    asyncio.run(burst())
+    calls = {name: stat["calls"] for name, stat in r.info("commandstats").items()}
+    assert calls["cmdstat_zrangebyscore"] == 1, calls  # the workers' view: one read for 32 callers
+    assert max(calls.values()) <= 2, calls  # and no command of the backlog read was made per caller
+
+
 def test_new_job_reads_as_queued(client: TestClient) -> None:
     """GET on a job no worker has touched says queued, with null results and progress 0/n."""
     job_id = client.post("/v1/jobs", json={"texts": ["a", "b", "c"]}).json()["id"]
