@@ -56,3 +56,16 @@ PROFILES: dict[str, Profile] = {
 
 DEFAULT_MODELS = {"full": "unbiased-small:full,original:reduced,trained:headline:auto", "quick": "tiny:quick"}
 """Per run: comma list of kind[:profile[:backend]]; a model's backend overrides `--backend` for it."""
+
+
+def model_specs(spec: str, profile: str, backend: str) -> list[tuple[str, str, str]]:
+    """(kind, profile, backend) per item of a `kind[:profile[:backend]]` comma list; the run's profile
+    and `--backend` fill what an item leaves out."""
+    out = []
+    for item in spec.split(","):
+        kind, _, rest = item.strip().partition(":")
+        profile_name, _, model_backend = rest.partition(":")
+        if profile_name and profile_name not in PROFILES:
+            raise SystemExit(f"bench: unknown profile {profile_name!r} in {item!r}; known: {', '.join(PROFILES)}")
+        out.append((kind, profile_name or profile, model_backend or backend))
+    return out

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -33,16 +32,16 @@ from typing import Any
 
 from bench import ceiling as ceiling_mod
 from bench import load, report
+from bench.checkpoints import ensure_checkpoint, prepare_backend
 from bench.cpu import CpuMeter, CpuSnapshot
 from bench.environment import environment
 from bench.measurement import batch_summary, log_size, window_figures
-from bench.profiles import DEFAULT_MODELS, PROFILES, Profile
+from bench.profiles import DEFAULT_MODELS, PROFILES, Profile, model_specs
 from bench.roofline import usable_cores
 from bench.services import ROOT, Service, start_baseline, start_redis, start_toxfleet
 from bench.stats import Spread, distribution
 from testing.processes import reap_on_term
 from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
-from worker.gate.selection import resolve_backend
 from worker.settings import WorkerSettings
 
 SETTLE_CPU = 0.3
@@ -57,33 +56,6 @@ WARMUP_ATTEMPTS = 30
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-TRAINED = "trained"
-"""The checkpoint kind `tools.trained` builds (real MiniLM weights, fine-tuned); the others are synthetic."""
-
-
-def ensure_checkpoint(models_dir: Path, kind: str) -> tuple[Path, Path]:
-    ckpt = models_dir / kind / "model.ckpt"
-    if not ckpt.is_file():
-        tool = ["tools.trained"] if kind == TRAINED else ["tools.synthetic", kind]
-        log(f"building checkpoint {kind} in {models_dir} ({' '.join(tool)})")
-        subprocess.run([sys.executable, "-m", *tool, "--out", str(models_dir)], check=True, cwd=ROOT)
-    return ckpt, ckpt.parent / "hf"
-
-
-def prepare_backend(ckpt: Path, hf: Path, backend: str) -> dict[str, str]:
-    """What `make run` does before its workers start (`python -m worker.export --prepare`): the export a
-    forced ONNX backend loads, or for `auto` the export and the fidelity gate's decision (cached by the
-    checkpoint's sha256). Returns the backend asked for, the one the workers will run and why."""
-    env = {"TOXFLEET_CHECKPOINT": str(ckpt), "TOXFLEET_HF_CONFIG": str(hf), "TOXFLEET_BACKEND": backend}
-    if backend != "torch":
-        log(f"preparing TOXFLEET_BACKEND={backend} for {ckpt}")
-        subprocess.run([sys.executable, "-m", "worker.export", "--prepare"], check=True, cwd=ROOT,
-                       env={**os.environ, **env})
-    runs, why = resolve_backend(WorkerSettings(checkpoint=ckpt, hf_config=hf, backend=backend))
-    log(f"toxfleet runs {runs} ({why})")
-    return {"asked": backend, "runs": runs, "why": why}
 
 
 class Bench:
@@ -300,8 +272,8 @@ def _level(point: dict[str, Any]) -> str:
 
 def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds: int, seed: int,
               log_dir: Path, systems: list[str], backend: str) -> dict[str, Any]:
-    ckpt, hf = ensure_checkpoint(models_dir, kind)
-    backend_entry = prepare_backend(ckpt, hf, backend)
+    ckpt, hf = ensure_checkpoint(models_dir, kind, log)
+    backend_entry = prepare_backend(ckpt, hf, backend, log)
     corpus = CommentCorpus(seed).texts(profile.corpus)
     ws = WorkerSettings()
     log(f"{kind}: raw model ceiling, {cores} processes x 1 thread")
@@ -324,19 +296,6 @@ def run_model(kind: str, profile: Profile, models_dir: Path, cores: int, rounds:
             point["round"] = r
         entry["points"].extend(points)
     return entry
-
-
-def model_specs(spec: str, profile: str, backend: str) -> list[tuple[str, str, str]]:
-    """(kind, profile, backend) per item of a `kind[:profile[:backend]]` comma list; the run's profile
-    and `--backend` fill what an item leaves out."""
-    out = []
-    for item in spec.split(","):
-        kind, _, rest = item.strip().partition(":")
-        profile_name, _, model_backend = rest.partition(":")
-        if profile_name and profile_name not in PROFILES:
-            raise SystemExit(f"bench: unknown profile {profile_name!r} in {item!r}; known: {', '.join(PROFILES)}")
-        out.append((kind, profile_name or profile, model_backend or backend))
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -256,8 +256,7 @@ def test_lanes_ratio_is_taken_per_repeat_and_judged_on_its_median() -> None:
 def test_model_specs_give_each_model_its_profile_and_backend() -> None:
     """`make bench` runs the trained checkpoint on the backend `auto` picks while the others keep the
     run's `--backend`; an unknown profile stops the run before anything starts."""
-    from bench.profiles import DEFAULT_MODELS
-    from bench.run import model_specs
+    from bench.profiles import DEFAULT_MODELS, model_specs
 
     assert model_specs(DEFAULT_MODELS["full"], "full", "torch") == [
         ("unbiased-small", "full", "torch"), ("original", "reduced", "torch"), ("trained", "headline", "auto")]
