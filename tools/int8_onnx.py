@@ -90,9 +90,8 @@ def onnx_variants(model: Any, tokenizer: Any, directory: Path,
         def make() -> tuple[Any, Callable[[], Any]]:
             out = directory / (f"rowwise-{alpha}-{'-'.join(keep) or 'all'}{'-ugelu' if unsigned_gelu else ''}"
                                f"-o{outliers}.onnx")
-            counts = onnx_rowwise.rowwise_int8(fp32(), out, None if alpha is None and not outliers else calibrated(),
-                                               alpha, keep,
-                                               unsigned_gelu, outliers)
+            act_max = None if alpha is None and not outliers else calibrated()
+            counts = onnx_rowwise.rowwise_int8(fp32(), out, act_max, alpha, keep, unsigned_gelu, outliers)
             print(f"  rowwise rewrite: {counts}", flush=True)
             return OrtModel(out), no_context
         return make
