@@ -107,9 +107,8 @@ def _build(name: str, spec: dict[str, Any], threads: int, work: str) -> Backend:
 
         class Bf16Weights(TorchBackend):
             def predict(self, batch: Any) -> list[list[float]]:
-                inputs = self._tokenizer.pad({"input_ids": [list(s) for s in batch]}, return_tensors="pt")
                 with torch.inference_mode():
-                    logits = self._model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])[0]
+                    logits = self._model(**self.padded(batch))[0]
                 out: list[list[float]] = torch.sigmoid(logits[:, : len(self.labels)].float()).tolist()
                 return out
 

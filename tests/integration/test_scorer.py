@@ -70,3 +70,24 @@ def test_plan_passes_does_not_pad_short_texts_to_long_ones() -> None:
 def test_plan_passes_merges_when_the_overhead_dominates() -> None:
     """Texts of nearly equal length share a pass: another pass would cost more than it saves."""
     assert len(plan_passes([50, 51, 52, 53], max_tokens=1024, max_texts=16, overhead=16)) == 1
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_pad_batch_pads_exactly_as_the_tokenizer(tiny_detoxify: Any, side: str) -> None:
+    """Every backend pads with `pad_batch` instead of the tokenizer's slower `pad`: the same ids and
+    mask, element for element, on either padding side."""
+    import numpy as np
+
+    from worker.backends.base import pad_batch
+
+    tokenizer = tiny_detoxify.tokenizer
+    ids = tokenizer(CommentCorpus(5).texts(6) + ["", "a much longer comment " * 20])["input_ids"]
+    previous, tokenizer.padding_side = tokenizer.padding_side, side
+    try:
+        expected = tokenizer.pad({"input_ids": ids}, return_tensors="np")
+        got_ids, got_mask = pad_batch(ids, int(tokenizer.pad_token_id), left=side == "left")
+    finally:
+        tokenizer.padding_side = previous
+    assert len({len(s) for s in ids}) > 1  # the batch really needs padding
+    np.testing.assert_array_equal(got_ids, expected["input_ids"])
+    np.testing.assert_array_equal(got_mask, expected["attention_mask"])

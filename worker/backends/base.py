@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from toxfleet.contract import MODEL_MAX_TOKENS, WINDOW_OVERLAP_TOKENS, window_starts
 
 FP32 = "fp32"
@@ -76,3 +78,18 @@ def hf_windows(tokenizer: Any, texts: Sequence[str], overlap: int = WINDOW_OVERL
     content: list[list[int]] = tokenizer(list(texts), add_special_tokens=False, truncation=False,
                                          verbose=False)["input_ids"]
     return [[prefix + ids[s: s + size] + suffix for s in window_starts(len(ids), size, overlap)] for ids in content]
+
+
+def pad_batch(batch: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) as int64 arrays, padded to the longest sequence with `pad_id`: what a
+    Hugging Face tokenizer's `pad(..., return_tensors=...)` gives for the same ids, for every backend. The
+    tokenizer's own `pad` builds a `BatchEncoding` through several layers of Python; on a small model it
+    was ~10 % of a pool process's CPU (py-spy, issue 11)."""
+    longest = max((len(seq) for seq in batch), default=0)
+    ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), longest), dtype=np.int64)
+    for row, seq in enumerate(batch):
+        span = slice(longest - len(seq), longest) if left else slice(0, len(seq))
+        ids[row, span] = seq
+        mask[row, span] = 1
+    return ids, mask

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from toxfleet.contract import MODEL_MAX_TOKENS
-from worker.backends.base import FP32, REDUCED, Backend
+from worker.backends.base import FP32, REDUCED, Backend, pad_batch
 from worker.exports.artifacts import (
     FP32_MODEL,
     INT8_MODEL,
@@ -31,18 +31,6 @@ from worker.exports.artifacts import (
     verify_int8_recipe,
 )
 from worker.settings import WorkerSettings
-
-
-def pad_batch(batch: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, attention_mask) as int64 arrays, padded to the longest sequence with `pad_id`."""
-    longest = max((len(seq) for seq in batch), default=0)
-    ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(batch), longest), dtype=np.int64)
-    for row, seq in enumerate(batch):
-        span = slice(longest - len(seq), longest) if left else slice(0, len(seq))
-        ids[row, span] = seq
-        mask[row, span] = 1
-    return ids, mask
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -56,9 +56,8 @@ class TorchBf16Backend(TorchBackend):
 
     def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         torch = self._torch
-        inputs = self._tokenizer.pad({"input_ids": [list(s) for s in batch]}, return_tensors="pt")
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = self._model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])[0]
+            logits = self._model(**self.padded(batch))[0]
         probs = torch.sigmoid(logits[:, : len(self.labels)].float())
         out: list[list[float]] = probs.tolist()
         return out

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toxfleet.contract import MODEL_MAX_TOKENS
-from worker.backends.base import Backend
+from worker.backends.base import Backend, pad_batch
 
 
 class TorchBackend(Backend):
@@ -25,6 +25,8 @@ class TorchBackend(Backend):
         self._tokenizer = detoxify.tokenizer
         self.labels = list(detoxify.class_names)
         self.identity = identity
+        self._pad_id = int(self._tokenizer.pad_token_id)
+        self._pad_left = self._tokenizer.padding_side == "left"
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         # max_length explicitly: a tokenizer saved without model_max_length would not truncate,
@@ -32,11 +34,15 @@ class TorchBackend(Backend):
         ids: list[list[int]] = self._tokenizer(list(texts), truncation=True, max_length=MODEL_MAX_TOKENS)["input_ids"]
         return ids
 
+    def padded(self, batch: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """The model's inputs for a batch: `input_ids` and `attention_mask`, as the tokenizer pads them."""
+        ids, mask = pad_batch(batch, self._pad_id, self._pad_left)
+        return {"input_ids": self._torch.from_numpy(ids), "attention_mask": self._torch.from_numpy(mask)}
+
     def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         torch = self._torch
-        inputs = self._tokenizer.pad({"input_ids": [list(s) for s in batch]}, return_tensors="pt")
         with torch.inference_mode():
-            logits = self._model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])[0]
+            logits = self._model(**self.padded(batch))[0]
             probs = torch.sigmoid(logits[:, : len(self.labels)])
         out: list[list[float]] = probs.tolist()
         return out

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from worker.backends.base import pad_batch
 from worker.calibration import calibration_texts
 from worker.cpus import cpu_model_name, kernel_signature
 from worker.exports.artifacts import (
@@ -110,7 +111,6 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int) -> dict[str, in
 def calibration_feeds(tokenizer: Any, texts: list[str], pass_tokens: int = 1024,
                       pass_texts: int = 16) -> list[dict[str, Any]]:
     """The calibration texts as padded ONNX feeds, cut into passes the way a worker cuts them."""
-    from worker.backends.onnx import pad_batch
     from worker.scorer import plan_passes
 
     ids = tokenizer(texts, truncation=True, max_length=512)["input_ids"]
