@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from api import bodylimit, errors, metrics_server
 from api.metrics import MetricsMiddleware
@@ -38,7 +39,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 await asyncio.to_thread(metrics.stop)
             await app.state.services.close()
 
-    app = FastAPI(title="toxfleet", version="0.1.0", lifespan=lifespan,
+    # toxfleet exports Prometheus metrics and JSON logs; FastAPI's own OpenTelemetry is opt-in (TOXFLEET_OTEL).
+    telemetry: TelemetryConfig | None = None if settings.otel else {"tracing": False, "metrics": False, "logs": False}
+    app = FastAPI(title="toxfleet", version="0.1.0", lifespan=lifespan, telemetry=telemetry,
                   description="Toxicity scoring with Detoxify on a batched Celery worker fleet. "
                               "Submit with `POST /v1/jobs`, then `GET` the `Location` it returns.")
     app.state.settings = settings  # read by api.deps.get_caller

@@ -58,6 +58,9 @@ class ApiSettings(BaseSettings):
     api_metrics_host: str = Field("127.0.0.1", min_length=1,
                                   description="Address that metrics listener binds: loopback for `make run`; the "
                                               "API image sets 0.0.0.0 so that Prometheus can reach it.")
+    otel: bool = Field(False, description="FastAPI's native OpenTelemetry (spans, metrics, logs to the globally "
+                       "configured providers). Off, FastAPI skips it; on, it also asks those providers on every "
+                       "request, which was ~3 % of the API's CPU with none configured.")
     log_format: Literal["json", "text"] = Field("text", description="`json`: one JSON object per log line, "
                                                 "with the job id (set in the Docker images); `text`: for people.")
     threshold: float = Field(DEFAULT_THRESHOLD, ge=0, le=1,
