@@ -20,10 +20,9 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 from celery import Celery
 from redis.exceptions import RedisError
-from starlette.concurrency import run_in_threadpool
 
 from api import metrics
-from api.celery_client import send_chunks
+from api.celery_client import Messages, Publisher
 from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, NotReplicated, QueueFull
 from api.services.fleet import FleetService
 from api.services.manifests import ManifestCache
@@ -49,9 +48,9 @@ class SubmitService:
         self._settings = settings
         self._manifests = manifests or ManifestCache(ttl=0)
         self._redis = redis
-        self._celery = celery
         self._fleet = fleet
         self._cache = cache
+        self._publisher = Publisher(celery)
         self._result_key: Callable[[str], bytes] = celery.backend.get_key_for_task
 
     async def submit(self, texts: list[str], idempotency_key: str | None = None,
@@ -114,8 +113,7 @@ class SubmitService:
             logger.debug("job %s answered from the score cache: texts=%d", job_id, len(texts))
             return Submitted(job_id, True, "succeeded")
         try:
-            await run_in_threadpool(send_chunks, self._celery, job_id, chunks, kwargs, sent_at,
-                                    contract.queue_for(priority))
+            await self._publisher.send(Messages(job_id, chunks, kwargs, sent_at, contract.queue_for(priority)))
         except Exception as exc:  # kombu raises its own OperationalError family
             with contextlib.suppress(RedisError):
                 await self._forget(job_id, len(chunks), *([idem_key] if idem_key else []))

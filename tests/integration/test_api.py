@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
-from api.celery_client import make_celery, send_chunks
+from api.celery_client import Messages, Publisher, make_celery, send_messages
 from api.main import create_app
 from api.settings import ApiSettings
 from testing import RedisServer, free_port
@@ -283,5 +285,41 @@ def test_the_broker_reuses_one_redis_client_per_channel(clean_redis: RedisServer
         assert isinstance(conn.transport, Transport)
         channel = conn.default_channel
         assert channel._create_client() is channel._create_client()
-    send_chunks(celery, "0" * 32, [["a"], ["b"]], None, time.time())
+    send_messages(celery, [Messages("0" * 32, [["a"], ["b"]], None, time.time())])
     assert clean_redis.client().llen(contract.QUEUE) == 2
+
+
+def test_concurrent_submits_share_one_send(clean_redis: RedisServer) -> None:
+    """Jobs whose submits arrive while a send is due go out together (one thread hop and one Redis
+    round trip): 32 submitted at once are one send, and each message is in the queue under its own
+    task id, on its own lane."""
+    celery = make_celery(ApiSettings(redis_url=clean_redis.url))
+    publisher = Publisher(celery)
+    jobs = [Messages(f"{i:032x}", [[f"text {i}"]], None, time.time(),
+                     contract.BULK_QUEUE if i % 4 == 0 else contract.QUEUE) for i in range(32)]
+
+    async def submit_all() -> None:
+        await asyncio.gather(*(publisher.send(job) for job in jobs))
+
+    asyncio.run(submit_all())
+    assert publisher.sends == 1  # every submit appended before the sending task first ran
+    r = clean_redis.client()
+    queued = {q: {json.loads(m)["headers"]["id"] for m in r.lrange(q, 0, -1)} for q in contract.QUEUES}
+    assert queued[contract.BULK_QUEUE] == {contract.chunk_task_id(j.job_id, 0) for j in jobs[::4]}
+    assert queued[contract.QUEUE] == {contract.chunk_task_id(j.job_id, 0) for j in jobs if j not in jobs[::4]}
+
+
+def test_a_failed_send_fails_every_submit_it_carried() -> None:
+    """With Redis unreachable, every submit of the group gets the error (the API answers each 503
+    and forgets its job), and a later submit sends again rather than waiting on a dead sender."""
+    celery = make_celery(ApiSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout=0.5))
+    publisher = Publisher(celery)
+
+    async def submit(n: int) -> list[BaseException | None]:
+        jobs = [Messages(f"{i:032x}", [["t"]], None, time.time()) for i in range(n)]
+        return await asyncio.gather(*(publisher.send(job) for job in jobs), return_exceptions=True)
+
+    first = asyncio.run(submit(4))
+    assert len(first) == 4 and all(isinstance(e, Exception) for e in first), first
+    again = asyncio.run(submit(1))
+    assert isinstance(again[0], Exception) and publisher.sends == 2
