@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from api.coalescer import pipelined
 from api.errors import BrokerUnavailable, JobNotFound
 from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
@@ -76,6 +77,7 @@ class ReadService:
         self._redis = redis
         self._result_key = result_key
         self._waiter = waiter
+        self._reads = pipelined(redis, transaction=False)
 
     async def get(self, job_id: str, wait: float = 0.0, owner: str | None = None) -> JobView:
         """The job now, or once finished if that happens within `wait` seconds; with `owner` (the
@@ -148,7 +150,12 @@ class ReadService:
         return JobView(job_id, status, total, done, None, model, None, cache_hits=hits)
 
     async def _metas(self, result_keys: list[bytes]) -> list[Meta | None]:
-        return [meta.parse(v) for v in await self._redis.mget(result_keys)]
+        def read(pipe: Any) -> None:
+            pipe.mget(result_keys)
+
+        # One MGET in a pipeline shared with the reads of concurrent requests (api.coalescer).
+        (values,) = await self._reads(read)
+        return [meta.parse(v) for v in values]
 
     async def _recheck(self, job_id: str, result_keys: list[bytes]) -> list[Meta | None]:
         """The results again, in the same round trip as whether the job still exists: a manifest from

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from api import metrics
 from api.celery_client import Messages, Publisher
+from api.coalescer import pipelined
 from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, NotReplicated, QueueFull
 from api.services.fleet import FleetService
 from api.services.manifests import ManifestCache
@@ -51,6 +52,7 @@ class SubmitService:
         self._fleet = fleet
         self._cache = cache
         self._publisher = Publisher(celery)
+        self._writes = pipelined(redis, transaction=True)
         self._result_key: Callable[[str], bytes] = celery.backend.get_key_for_task
 
     async def submit(self, texts: list[str], idempotency_key: str | None = None,
@@ -84,7 +86,7 @@ class SubmitService:
             cached = await self._all_cached(texts, long_text)
             if cached is None:
                 await self._check_backlog()
-            async with self._redis.pipeline(transaction=True) as pipe:
+            def write(pipe: Any) -> None:
                 pipe.set(keys.job_key(job_id), manifest, ex=self._settings.result_expires)
                 if cached is not None:
                     self._store_cached(pipe, job_id, chunks, *cached)
@@ -92,7 +94,8 @@ class SubmitService:
                     # Recorded before the messages exist: a message Redis loses later is re-sent from here.
                     pending.record(pipe, {contract.chunk_task_id(job_id, i): ([c], kwargs)
                                           for i, c in enumerate(chunks)}, sent_at)
-                await pipe.execute()
+
+            await self._writes(write)  # in one MULTI/EXEC with the writes of concurrent submits
             self._manifests.put(job_id, manifest_doc)  # the reads that follow need not GET it back
             logs.bind_job(job_id)
             if idem_key:

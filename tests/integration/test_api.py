@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from redis.exceptions import RedisError
 
 from api.celery_client import Messages, Publisher, make_celery, send_messages
 from api.main import create_app
@@ -323,3 +325,35 @@ def test_a_failed_send_fails_every_submit_it_carried() -> None:
     assert len(first) == 4 and all(isinstance(e, Exception) for e in first), first
     again = asyncio.run(submit(1))
     assert isinstance(again[0], Exception) and publisher.sends == 2
+
+
+def test_concurrent_redis_io_shares_one_pipeline_each_with_its_own_replies(clean_redis: RedisServer) -> None:
+    """`pipelined`: requests whose commands are due together go in one pipeline round trip (one
+    MULTI/EXEC with `transaction`), each getting back the replies of its own commands only; an error
+    reaches every request of its group, and the next group runs."""
+    from redis import asyncio as aioredis
+
+    from api.coalescer import pipelined
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(clean_redis.url)
+        writes, reads = pipelined(client, transaction=True), pipelined(client, transaction=False)
+
+        def write(i: int) -> Callable[[Any], None]:
+            return lambda pipe: pipe.set(f"k{i}", i).incr("counter")
+
+        replies = await asyncio.gather(*(writes(write(i)) for i in range(20)))
+        assert writes.groups == 1 and [r[0] for r in replies] == [True] * 20
+        assert sorted(r[1] for r in replies) == list(range(1, 21))  # INCR replies: each its own
+        def read(i: int) -> Callable[[Any], None]:
+            return lambda pipe: pipe.mget(f"k{i}", "missing")
+
+        got = await asyncio.gather(*(reads(read(i)) for i in range(20)))
+        assert got == [[[str(i).encode(), None]] for i in range(20)] and reads.groups == 1
+        failed = await asyncio.gather(reads(lambda pipe: pipe.incr("k0").lpush("k1", "x")),
+                                      reads(lambda pipe: pipe.get("k2")), return_exceptions=True)
+        assert all(isinstance(e, RedisError) for e in failed), failed  # WRONGTYPE: the group fails as one
+        assert await reads(lambda pipe: pipe.get("k3")) == [b"3"] and reads.groups == 3
+        await client.aclose()
+
+    asyncio.run(scenario())

@@ -1,0 +1,94 @@
+"""Do the I/O of concurrent requests together: a group forms while the previous group's I/O runs.
+
+There is no timer: on an idle API a request's I/O starts at once, alone; on a busy one every request
+that arrives while a group is in flight waits for it and then goes in the next group, as the workers
+batch requests (`worker.batching`). What a group shares is the fixed cost of one round trip, a
+thread hop, a connection taken from the pool, the event-loop wake-ups, which per request was most
+of the API's cost of a Redis write or a kombu send on a small model (issue 11).
+
+`Coalescer(run)` takes `run(items) -> results`, list in and list out; `pipelined(redis)` is one
+whose items queue commands on a shared Redis pipeline, each getting its own replies back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import redis.asyncio as aioredis
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+Queue = Callable[[Any], None]
+"""Queues one request's commands on a pipeline (`pipe.set(...)`, ...); it must not await."""
+
+
+class Coalescer(Generic[T, R]):
+    """`await coalescer(item)` runs `item` in the next group and returns its own result, or raises
+    what its group's `run` raised (every item of a failed group gets that error)."""
+
+    def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]]) -> None:
+        self._run = run
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._runner: asyncio.Task[None] | None = None
+        self.groups = 0
+        """Groups run so far (each one round trip), for tests and benchmarks."""
+
+    async def __call__(self, item: T) -> R:
+        done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, done))
+        if self._runner is None:
+            self._runner = asyncio.create_task(self._run_waiting(), name="toxfleet-coalescer")
+        return await done
+
+    async def _run_waiting(self) -> None:
+        group: list[tuple[T, asyncio.Future[R]]] = []
+        try:
+            while self._waiting:
+                group, self._waiting = self._waiting, []
+                try:
+                    results = await self._run([item for item, _ in group])
+                    if len(results) != len(group):
+                        raise RuntimeError(f"{len(results)} results for {len(group)} items")
+                except Exception as exc:
+                    for _, done in group:
+                        _settle(done, error=exc)
+                else:
+                    for (_, done), result in zip(group, results, strict=True):
+                        _settle(done, result)
+                group = []
+                self.groups += 1
+        finally:
+            self._runner = None
+            # Cancelled mid-run (the API stopping): no request is left waiting for good.
+            for _, done in group + self._waiting:
+                _settle(done, error=RuntimeError("stopped before this request's I/O ran"))
+            self._waiting = []
+
+
+def _settle(done: asyncio.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    if done.done():  # its request was cancelled meanwhile (the client went away)
+        return
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)
+
+
+def pipelined(redis: aioredis.Redis, transaction: bool) -> Coalescer[Queue, list[Any]]:
+    """Requests' Redis commands in one pipeline per group (with `transaction`, one MULTI/EXEC: a
+    group's commands all apply or none do); each request gets the replies of its own commands."""
+
+    async def run(queues: list[Queue]) -> list[list[Any]]:
+        async with redis.pipeline(transaction=transaction) as pipe:
+            spans = []
+            for queue in queues:
+                start = len(pipe)
+                queue(pipe)
+                spans.append((start, len(pipe)))
+            replies = await pipe.execute()
+        return [replies[start:end] for start, end in spans]
+
+    return Coalescer(run)
