@@ -81,9 +81,11 @@ bench-backends: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt
 	TOXFLEET_HF_CONFIG=$(abspath $(MODELS))/unbiased-small/hf $(PY) -m bench.backends $(BENCH_ARGS)
 
 ## Benchmark on this machine's cores: the existing design vs the raw model ceiling vs toxfleet, both
-## architectures, and the trained checkpoint with the backend `auto` picks (what a user gets); writes
+## architectures, the trained checkpoint with the backend `auto` picks (what a user gets), and the tiny one
+## (the serving path alone, where inference is nearly free); writes
 ## docs/benchmarks.md, its plots and raw results (minutes; run on a quiet machine).
-bench: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt $(MODELS)/trained/model.ckpt
+bench: $(VENV)/.installed-dev $(MODELS)/unbiased-small/model.ckpt $(MODELS)/original/model.ckpt $(MODELS)/trained/model.ckpt \
+		$(MODELS)/tiny/model.ckpt
 	$(PY) -m bench.run --models-dir $(MODELS)
 
 ## The benchmark's smoke version (tiny model, about a minute): writes var/bench-quick.md.

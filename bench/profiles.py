@@ -38,6 +38,9 @@ class Profile:
     """Modes also measured in the open loop."""
     open_deadline: float = 60.0
     """Seconds an open-loop request may take before it counts as a timeout."""
+    targets: tuple[tuple[str, float | None], ...] = ()
+    """Targets of this profile's report in place of `bench.points.TARGETS`' (same names; a name with
+    `/<mode>` applies to that toxfleet mode only; None: reported, not judged)."""
 
 
 PROFILES: dict[str, Profile] = {
@@ -49,12 +52,20 @@ PROFILES: dict[str, Profile] = {
     # What a user gets on a trained checkpoint: toxfleet runs the backend `auto` picks, 1 and 32 clients.
     "headline": Profile(clients=(1, 32), open_loads=(), windows=2, window=8.0, warmup=3.0, corpus=3000,
                         ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=2, toxfleet_modes=("jobs",)),
+    # The serving path alone (issue 11): the tiny checkpoint, where inference is nearly free, 1 and 32 clients.
+    # Issue 11's targets: submit-and-poll >= 0.5x and GET /toxicity >= 0.8x the existing design's texts/s,
+    # the 1-client p50 within +30 ms; batching cannot beat a tiny model's own cost, so the rest is reported.
+    "serving": Profile(clients=(1, 32), open_loads=(), windows=3, window=8.0, warmup=3.0, corpus=3000,
+                       ceiling_per_process=48, ceiling_reference=12, ceiling_repeats=1,
+                       targets=(("throughput_vs_baseline/jobs", 0.5), ("throughput_vs_baseline/compat", 0.8),
+                                ("throughput_vs_ceiling", None), ("p99_vs_baseline", None))),
     "quick": Profile(clients=(1, 20), open_loads=(2.0,), windows=1, window=3.0, warmup=1.0, corpus=500,
                      ceiling_per_process=32, ceiling_reference=16, ceiling_repeats=1, ceiling_sweep=(1, 8),
                      open_deadline=20.0),
 }
 
-DEFAULT_MODELS = {"full": "unbiased-small:full,original:reduced,trained:headline:auto", "quick": "tiny:quick"}
+DEFAULT_MODELS = {"full": "unbiased-small:full,original:reduced,trained:headline:auto,tiny:serving",
+                  "quick": "tiny:quick"}
 """Per run: comma list of kind[:profile[:backend]]; a model's backend overrides `--backend` for it."""
 
 
