@@ -61,10 +61,11 @@ class Coalescer(Generic[T, R]):
         return results
 
     def _hand_over(self) -> None:
-        """After a group: the requests that arrived meanwhile go next, in the background task."""
-        if self._waiting and self._runner is None:
+        """After the inline group: the requests that arrived meanwhile go next, in the background task
+        (none runs yet: it runs only while `_busy`, and the inline group held that)."""
+        if self._waiting:
             self._runner = asyncio.create_task(self._run_waiting(), name="toxfleet-coalescer")
-        elif not self._waiting:
+        else:
             self._busy = False
 
     async def _run_waiting(self) -> None:
