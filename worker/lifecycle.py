@@ -87,8 +87,9 @@ def _on_process_init(**_: Any) -> None:
     if _loaded is not None:
         with _loaded.get_lock():
             _loaded.value += 1
-    logger.info("pool process %d loaded %s (%s backend) in %.2fs", os.getpid(), scorer.backend.identity,
-                scorer.backend.name, time.perf_counter() - started)
+    logger.info("pool process %d loaded %s (%s backend; a pass costs %d tokens beyond its own) in %.2fs",
+                os.getpid(), scorer.backend.identity, scorer.backend.name, scorer.overhead,
+                time.perf_counter() - started)
 
 
 def _model_loads() -> int:

@@ -8,6 +8,7 @@ all, each within a padded-size cap, then puts the scores back in input order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,15 @@ class ScoreStats:
 PASS_OVERHEAD_TOKENS = 16
 """What one forward pass costs beyond its padded tokens, in tokens: measured on ALBERT-base fp32,
 one thread (22 ms per pass + 1.37 ms per padded token). It decides when splitting a pass to save
-padding pays."""
+padding pays. Workers time their own backend instead (`measure_pass_overhead`): on a small or fast
+model the fixed part of a pass is worth far more tokens."""
+
+PROBE_TOKENS = (32, 256)
+"""Lengths of the two one-text passes `measure_pass_overhead` times: the line through their costs
+gives the fixed part of a pass and the cost of a token."""
+
+PROBE_SECONDS = 1.0
+"""Time `measure_pass_overhead` may spend after its warm-up pass (at least one timing of each length)."""
 
 
 def plan_passes(lengths: Sequence[int], max_tokens: int, max_texts: int,
@@ -60,13 +69,43 @@ def plan_passes(lengths: Sequence[int], max_tokens: int, max_texts: int,
     return passes[::-1]
 
 
+def measure_pass_overhead(backend: Backend, max_tokens: int, seconds: float = PROBE_SECONDS) -> int:
+    """What one forward pass of `backend` costs beyond its padded tokens, in tokens (at least 1, at most
+    `max_tokens`): the fastest of repeated one-text passes of each `PROBE_TOKENS` length, fitted to
+    `overhead + tokens`. Measured, because the constant differs by two orders of magnitude between
+    models: ~16 tokens on ALBERT-base in fp32, where compute dominates, far more on a small model or a
+    fast backend, where the framework's fixed cost per pass does (and planning with 16 there splits
+    batches into passes that cost more than the padding they save)."""
+    ids = backend.tokenize([" ".join(["toxic"] * PROBE_TOKENS[-1] * 2)])[0]
+    probes = [ids[: n - 1] + ids[-1:] for n in PROBE_TOKENS]
+    best = [float("inf")] * len(probes)
+    for probe in probes:  # warm-up: the first pass of a shape allocates and picks kernels
+        backend.predict([probe])
+    deadline = time.perf_counter() + seconds
+    while True:
+        for i, probe in enumerate(probes):
+            started = time.perf_counter()
+            backend.predict([probe])
+            best[i] = min(best[i], time.perf_counter() - started)
+        if time.perf_counter() >= deadline:
+            break
+    (short, long), (t_short, t_long) = PROBE_TOKENS, best
+    per_token = (t_long - t_short) / (long - short)
+    if per_token <= 0:  # timing noise swamped the tokens' cost: a pass is all overhead
+        return max_tokens
+    return max(1, min(max_tokens, round(t_short / per_token - short)))
+
+
 class Scorer:
     """Scores texts with a backend, in length-sorted, padding-capped forward passes."""
 
-    def __init__(self, backend: Backend, max_tokens: int, max_texts: int) -> None:
+    def __init__(self, backend: Backend, max_tokens: int, max_texts: int,
+                 overhead: int = PASS_OVERHEAD_TOKENS) -> None:
         self.backend = backend
         self.max_tokens = max_tokens
         self.max_texts = max_texts
+        self.overhead = overhead
+        """What a pass costs beyond its padded tokens, in tokens (`plan_passes`)."""
 
     @property
     def labels(self) -> list[str]:
@@ -98,7 +137,7 @@ class Scorer:
         lengths = [len(seq) for seq in ids]
         labels = self.backend.labels
         results: list[dict[str, float] | None] = [None] * len(texts)
-        passes = plan_passes(lengths, self.max_tokens, self.max_texts)
+        passes = plan_passes(lengths, self.max_tokens, self.max_texts, self.overhead)
         padded = 0
         for group in passes:
             probs = self.backend.predict([ids[j] for j in group])

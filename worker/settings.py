@@ -51,6 +51,10 @@ class WorkerSettings(BaseSettings):
     pass_tokens: int = Field(1024, ge=64, le=65536,
                              description="Most padded tokens (texts x longest) in one forward pass.")
     pass_texts: int = Field(16, ge=1, le=1024, description="Most texts in one forward pass.")
+    pass_overhead_tokens: int | None = Field(
+        None, ge=1, le=65536,
+        description="What a forward pass costs beyond its padded tokens, in tokens: when splitting a batch into "
+                    "passes pays. Default: timed on the backend when each pool process loads it (about a second).")
     batch_tokens: int = Field(8192, ge=512, le=1_000_000,
                               description="Most estimated tokens a worker process takes from its buffer at once "
                                           "(large batches sort into passes with little padding).")

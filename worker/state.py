@@ -10,7 +10,7 @@ import logging
 
 from worker.backends.loader import load_backend
 from worker.gate.selection import resolve_backend
-from worker.scorer import Scorer
+from worker.scorer import Scorer, measure_pass_overhead
 from worker.settings import WorkerSettings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -19,11 +19,16 @@ _scorer: Scorer | None = None
 
 
 def load_scorer(settings: WorkerSettings) -> Scorer:
-    """Resolve the configured backend (`auto` included), build it in this process, wrap it in a Scorer."""
+    """Resolve the configured backend (`auto` included), build it in this process, wrap it in a Scorer
+    that plans passes with the backend's own cost of a pass (timed here unless configured)."""
     name, reason = resolve_backend(settings)
     if settings.backend == "auto":
         logger.info("TOXFLEET_BACKEND=auto: using %s (%s)", name, reason)
-    return Scorer(load_backend(name, settings), settings.pass_tokens, settings.pass_texts)
+    backend = load_backend(name, settings)
+    overhead = settings.pass_overhead_tokens
+    if overhead is None:
+        overhead = measure_pass_overhead(backend, settings.pass_tokens)
+    return Scorer(backend, settings.pass_tokens, settings.pass_texts, overhead)
 
 
 def load(settings: WorkerSettings) -> Scorer:

@@ -428,7 +428,8 @@ def test_default_worker_without_a_decision_runs_torch_and_says_why(tiny_checkpoi
     log = _worker_log(tmp_path, redis_server.url, checkpoint, "auto-none")
     assert f"backend torch (reference: no fidelity decision at {exports}/" in log, log[-3000:]
     assert "TOXFLEET_BACKEND=auto: using torch (reference: no fidelity decision" in log
-    assert re.search(r"pool process \d+ loaded \S+ \(torch backend\)", log), log[-3000:]
+    loaded = r"pool process \d+ loaded \S+ \(torch backend; a pass costs \d+ tokens beyond its own\)"
+    assert re.search(loaded, log), log[-3000:]
     assert not exports.exists()
 
 

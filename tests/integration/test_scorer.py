@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from toxfleet.corpus import CommentCorpus
-from worker.scorer import plan_passes
+from worker.backends.base import Backend
+from worker.scorer import Scorer, measure_pass_overhead, plan_passes
 
 
 def test_plan_passes_sorted_and_within_budget() -> None:
@@ -70,6 +73,48 @@ def test_plan_passes_does_not_pad_short_texts_to_long_ones() -> None:
 def test_plan_passes_merges_when_the_overhead_dominates() -> None:
     """Texts of nearly equal length share a pass: another pass would cost more than it saves."""
     assert len(plan_passes([50, 51, 52, 53], max_tokens=1024, max_texts=16, overhead=16)) == 1
+
+
+class _PacedBackend(Backend):
+    """A backend whose pass takes `fixed + per_token x padded tokens` seconds (it sleeps): the fit's input."""
+
+    name = "paced"
+    labels = ["toxicity"]
+    identity = "paced"
+
+    def __init__(self, fixed: float, per_token: float) -> None:
+        self.fixed, self.per_token = fixed, per_token
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        return [[1] * min(512, len(t.split()) + 2) for t in texts]
+
+    def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        time.sleep(self.fixed + self.per_token * len(batch) * max(len(s) for s in batch))
+        return [[0.5] for _ in batch]
+
+
+@pytest.mark.parametrize(("fixed", "per_token", "expected"), [(0.004, 0.00004, 100), (0.002, 0.0001, 20)])
+def test_measure_pass_overhead_fits_the_backends_own_costs(fixed: float, per_token: float, expected: int) -> None:
+    """The fixed cost of a pass, in tokens, is read off the backend's timings: fixed / per token (sleep
+    overshoots add to both probes alike, and the fastest of the repeats is kept)."""
+    measured = measure_pass_overhead(_PacedBackend(fixed, per_token), max_tokens=1024, seconds=0.2)
+    assert 0.6 * expected <= measured <= 1.6 * expected
+
+
+def test_measure_pass_overhead_is_capped_by_a_pass() -> None:
+    """A backend whose tokens cost nothing measurable plans as if a pass were all overhead (one pass per cap)."""
+    assert measure_pass_overhead(_PacedBackend(0.002, 0.0), max_tokens=1024, seconds=0.05) in range(300, 1025)
+
+
+def test_the_scorer_plans_with_its_own_overhead(tiny_detoxify: Any) -> None:
+    """A scorer told that a pass costs more than the padding saves merges what one with the default splits."""
+    from worker.backends.torch import TorchBackend
+
+    backend = TorchBackend(tiny_detoxify, "tiny")
+    texts = ["short"] * 3 + ["word " * 20, "word " * 40]  # 4, 62 and 122 tokens
+    _, split = Scorer(backend, 1024, 16).score(texts)
+    _, merged = Scorer(backend, 1024, 16, overhead=1024).score(texts)
+    assert split.passes > 1 and merged.passes == 1
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
