@@ -461,10 +461,10 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
 
     log = _worker_log(tmp_path, redis_server.url, checkpoint, "auto-decided")
     assert f"backend {decision.chosen} (fastest that passed the fidelity gate" in log, log[-3000:]
-    assert f"({decision.chosen} backend)" in log
+    assert f"({decision.chosen} backend;" in log
 
     other = another_cpu()
     dataclasses.replace(decision, kernel_signature=other).write(target)
     log = _worker_log(tmp_path, redis_server.url, checkpoint, "auto-other-cpu")
     assert f"backend torch (reference: decision was made on a CPU with [{other}]" in log, log[-3000:]
-    assert "(torch backend)" in log
+    assert "(torch backend;" in log
