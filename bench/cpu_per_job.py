@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from api import UVICORN_OPTIONS
 from bench import load
 from bench.cpu import process_seconds, process_tree
 from bench.services import ROOT, Service, _bin, free_port, http_json, model_env, start_redis
@@ -64,6 +65,9 @@ VARIANTS: dict[str, Variant] = {
     "asyncio-h11": Variant(api_args=("--loop", "asyncio", "--http", "h11"),
                            about="uvicorn on the stdlib loop and h11 (what `auto` picks without uvicorn[standard])"),
     "uvloop-httptools": Variant(api_args=("--loop", "uvloop", "--http", "httptools"), about="explicit"),
+    "asyncio-httptools": Variant(api_args=("--loop", "asyncio", "--http", "httptools"),
+                                 about="the stdlib loop, which accepts every waiting connection at once (libuv "
+                                       "accepts one per loop iteration), and httptools"),
     "warning": Variant(worker_args=QUIET, api_args=("--log-level", "warning", "--log-config", "@quiet"),
                        about="worker --loglevel=WARNING; API: uvicorn, api.* and toxfleet.* loggers at WARNING"),
     "no-gossip": Variant(worker_args=("--without-gossip", "--without-mingle", "--without-heartbeat"),
@@ -113,7 +117,7 @@ def start(variant: Variant, ckpt: Path, hf: Path, concurrency: int, redis_url: s
     worker = service.spawn("worker", [_bin("celery"), "-A", "worker", "worker", "--loglevel=INFO",
                                       *variant.worker_args, "--hostname", f"bench-{port}@%h"], env=env, cwd=tree)
     api = service.spawn("api", [_bin("uvicorn"), "api.main:app", "--host", "127.0.0.1", "--port", str(port),
-                                "--no-access-log", *api_args], env=env, cwd=tree)
+                                *UVICORN_OPTIONS, "--no-access-log", *api_args], env=env, cwd=tree)
     roots = {"worker": worker.pid, "api": api.pid}
     if variant.flower:
         flower = service.spawn("flower", [_bin("celery"), "-A", "worker", "flower", f"--port={free_port()}",

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from api import UVICORN_OPTIONS
 from scripts.redis_server import command
 from testing.processes import track, untrack
 
@@ -190,7 +191,7 @@ def start_toxfleet(checkpoint: Path, hf: Path, concurrency: int, redis_url: str,
     service.spawn("worker", [_bin("celery"), "-A", "worker", "worker", "--loglevel=INFO",
                              "--hostname", f"bench-{port}@%h"], env=env)
     service.spawn("api", [_bin("uvicorn"), "api.main:app", "--host", "127.0.0.1", "--port", str(port),
-                          "--no-access-log"], env=env)
+                          *UVICORN_OPTIONS, "--no-access-log"], env=env)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

@@ -54,7 +54,7 @@ echo "run: preparing TOXFLEET_BACKEND=${TOXFLEET_BACKEND:-auto}"
 
 "$VENV/bin/celery" -A worker worker --loglevel=INFO --events --hostname "worker@%h" &
 pids+=($!)
-"$VENV/bin/uvicorn" api.main:app --host "${API_HOST:-127.0.0.1}" --port "$API_PORT" &
+"$VENV/bin/uvicorn" api.main:app --host "${API_HOST:-127.0.0.1}" --port "$API_PORT" --loop asyncio &
 pids+=($!)
 "$VENV/bin/celery" -A worker flower --address=127.0.0.1 --port="$FLOWER_PORT" &
 pids+=($!)

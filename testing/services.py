@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 
+from api import UVICORN_OPTIONS
 from testing.processes import Proc, base_env, free_port, wait_for
 from testing.redis_server import RedisServer
 from toxfleet import keys
@@ -47,9 +48,9 @@ def start_api(tmp: Path, redis_url: str, name: str = "api", access_log: bool = F
     machine) unless `env` sets TOXFLEET_API_METRICS_PORT; `api_metrics(proc)` is its URL."""
     port = free_port()
     env = {"TOXFLEET_API_METRICS_PORT": str(free_port()), **env}
-    proc = Proc(name, [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port", str(port),
-                       *([] if access_log else ["--no-access-log"])], base_env(redis_url, None, **env),
-                tmp / f"{name}.log")
+    argv = [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port", str(port),
+            *UVICORN_OPTIONS, *([] if access_log else ["--no-access-log"])]
+    proc = Proc(name, argv, base_env(redis_url, None, **env), tmp / f"{name}.log")
     proc.extra["metrics"] = f"http://127.0.0.1:{env['TOXFLEET_API_METRICS_PORT']}/metrics"
     proc.start()
     url = f"http://127.0.0.1:{port}"

@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from api import UVICORN_OPTIONS
 from scripts.redis_server import server_binary
 from testing import ROOT, free_port
 from tests.deploy.deployfiles import (
@@ -216,9 +217,18 @@ def test_worker_healthcheck_is_local() -> None:
 
 
 def test_api_command() -> None:
-    """The API image runs `uvicorn api.main:app` on 0.0.0.0:8000, the app scripts/run.sh runs."""
+    """The API image runs `uvicorn api.main:app` on 0.0.0.0:8000, the app scripts/run.sh runs, and every
+    launch passes `api.UVICORN_OPTIONS` (the stdlib event loop)."""
     assert cmd("api")[:6] == ["uvicorn", "api.main:app", "--host", "0.0.0.0", "--port", "8000"]
     assert run_script_command("uvicorn")[1] == "api.main:app"
+    for argv in (cmd("api"), container("api")["command"], run_script_command("uvicorn")):
+        assert _has_options(argv, UVICORN_OPTIONS), argv
+
+
+def _has_options(argv: list[str], options: tuple[str, ...]) -> bool:
+    """`options` appear in `argv` in order, as one run of words."""
+    n = len(options)
+    return any(tuple(argv[i:i + n]) == options for i in range(len(argv) - n + 1))
 
 
 def test_worker_command_matches_run_script() -> None:
