@@ -10,6 +10,7 @@ wording of `detail`); a 422 also lists its field errors in `errors` (`loc`, `msg
     ├── IdempotencyMismatch   422     idempotency-mismatch an Idempotency-Key reused with a different body
     ├── QueueFull             429     queue-full           more waiting work than the backlog limit; retry later
     ├── RateLimited           429     rate-limited         the caller's key is over `rate_limit` requests per second
+    ├── ApiBusy               429     api-busy             this API process lags over `max_loop_lag` (api.admission)
     ├── BrokerUnavailable     503     broker-unavailable   Redis did not answer in time; retry later
     ├── NotReplicated         503     not-replicated       fewer replicas than `submit_min_replicas` hold the job
     ├── ScoringFailed         502     scoring-failed       a drop-in endpoint's job failed in the workers
@@ -79,6 +80,13 @@ class QueueFull(ApiError):
 
 class RateLimited(ApiError):
     status_code, problem, title = 429, "rate-limited", "Rate limit exceeded"
+    retry_after = 1
+
+
+class ApiBusy(ApiError):
+    """Raised by no handler: api.admission answers it before routing, from these attributes."""
+
+    status_code, problem, title = 429, "api-busy", "API busy"
     retry_after = 1
 
 

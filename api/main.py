@@ -9,12 +9,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 
-from api import bodylimit, errors, metrics_server
-from api.metrics import MetricsMiddleware
+from api import admission, bodylimit, errors, metrics_server
+from api.metrics import LOOP_LAG, MetricsMiddleware
 from api.routes import compat, health, jobs
 from api.services.wiring import make_services
 from api.settings import ApiSettings, get_settings
 from toxfleet import logs
+
+NEW_WORK = (jobs.submit_job, compat.toxicity, compat.toxicity_batch)
+"""Endpoints that bring new work: the ones `api.admission` refuses while this process lags."""
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 """Loggers uvicorn configures itself (before it imports the app); JSON mode reformats their handlers."""
@@ -25,18 +28,23 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     logs.configure(settings.log_format, json_loggers=UVICORN_LOGGERS)
     logs.redact_access_log()
 
+    lag = admission.LoopLag()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.services = make_services(settings)
         metrics = None
         try:
+            lag.start()
             if settings.api_metrics_port:
+                LOOP_LAG.set_function(lag.seconds)
                 metrics = metrics_server.start(settings, app.state.services.fleet, asyncio.get_running_loop())
             yield
         finally:
             if metrics is not None:
                 # Off the loop: a scrape in flight may be waiting for the loop to read Redis.
                 await asyncio.to_thread(metrics.stop)
+            await lag.stop()
             await app.state.services.close()
 
     # toxfleet exports Prometheus metrics and JSON logs; FastAPI's own OpenTelemetry is opt-in (TOXFLEET_OTEL).
@@ -51,9 +59,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     routers = [jobs.router, compat.router, health.router]
     for router in routers:
         app.include_router(router)
+    routes = [r for router in routers for r in router.routes]  # included without a prefix of their own
+    # Inside the metrics middleware, so that its 429s are counted; outside the body limit, the cheaper refusal.
+    admission.install(app, lag, settings.max_loop_lag, admission.guarded_paths(routes, NEW_WORK))
     if settings.api_metrics_port:
         # Added last, so outermost: it also counts requests refused before routing (413).
-        app.add_middleware(MetricsMiddleware, routes=[r for router in routers for r in router.routes])
+        app.add_middleware(MetricsMiddleware, routes=routes)
     return app
 
 

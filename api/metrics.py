@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
@@ -36,6 +36,9 @@ TEXTS = Counter("toxfleet_texts_submitted", "Texts in the jobs accepted.")
 MESSAGES = Counter("toxfleet_messages_sent", "Task messages published (a job is split into chunks of 16 texts).")
 CACHE_JOBS = Counter("toxfleet_cache_answered_jobs",
                      "Jobs whose texts were all in the score cache, answered by the API without a worker.")
+LOOP_LAG = Gauge("toxfleet_api_loop_lag_seconds",
+                 "How far this API process's event loop is behind (api.admission.LoopLag), read at scrape time; "
+                 "over TOXFLEET_MAX_LOOP_LAG, new work gets 429 api-busy.")
 CACHE_TEXTS = Counter("toxfleet_cache_answered_texts", "Texts in the jobs answered from the score cache alone.")
 
 

@@ -94,7 +94,7 @@ def problem_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str,
 VALIDATION = "`/problems/validation`: a field is missing, mistyped or over a limit (field errors in `errors`)"
 UNAUTHORIZED = "`/problems/unauthorized`: API keys are on: send `Authorization: Bearer <key>`"
 BODY_TOO_LARGE = "`/problems/body-too-large`"
-OVERLOADED = "`/problems/queue-full` or `/problems/rate-limited`; see Retry-After"
+OVERLOADED = "`/problems/queue-full`, `/problems/api-busy` or `/problems/rate-limited`; see Retry-After"
 UNAVAILABLE = "`/problems/broker-unavailable` or `/problems/not-replicated`; see Retry-After"
 
 

@@ -35,6 +35,10 @@ class ApiSettings(BaseSettings):
                                      description="Waiting messages (queued or prefetched) allowed per live worker "
                                                  "process; above it new jobs get 429, so accepted work keeps a "
                                                  "bounded wait. With no worker answering, one process is assumed.")
+    max_loop_lag: float = Field(0.1, ge=0, le=60,
+                                description="Seconds this API process's event loop may fall behind before new work "
+                                            "(POST /v1/jobs, the /toxicity endpoints) gets a fast 429 `api-busy`, "
+                                            "so that a saturated API sheds load instead of queueing it; 0: never.")
     retry_after: int = Field(1, ge=1, le=3600, description="Seconds suggested in Retry-After while a job runs.")
     result_expires: int = Field(86_400, ge=60, le=30 * 86_400,
                                 description="Seconds a job and its results are kept (match the workers').")

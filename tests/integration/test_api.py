@@ -182,6 +182,50 @@ def test_queue_full_is_429_with_retry_after(clean_redis: RedisServer) -> None:
         assert r.status_code == 429 and "retry-after" in r.headers and "queue is full" in r.json()["detail"]
 
 
+def _block_the_app_loop(c: TestClient, seconds: float) -> None:
+    """Run a blocking call on the app's event loop (the TestClient's portal), as a saturated API does."""
+    async def block() -> None:
+        time.sleep(seconds)
+
+    assert c.portal is not None
+    c.portal.start_task_soon(block)
+
+
+def test_new_work_is_refused_fast_while_the_api_loop_lags(clean_redis: RedisServer) -> None:
+    """While this process's event loop is more than max_loop_lag behind, submits and the drop-in
+    endpoints answer 429 /problems/api-busy with Retry-After, before any Redis work; polls of accepted
+    jobs and health checks still answer. Once the loop catches up, submits are accepted again."""
+    with TestClient(create_app(ApiSettings(redis_url=clean_redis.url, max_loop_lag=0.2, compat_timeout=1))) as c:
+        job = c.post("/v1/jobs", json={"texts": ["a"]})
+        assert job.status_code == 202
+        queued = clean_redis.client().llen(contract.QUEUES[0])
+        refused = []
+        calls: list[tuple[str, str, dict[str, Any]]] = [("post", "/v1/jobs", {"json": {"texts": ["b"]}}),
+                                                        ("get", "/toxicity", {"params": {"q": "c"}}),
+                                                        ("post", "/toxicity/batch", {"json": ["d"]})]
+        for method, path, kw in calls:
+            _block_the_app_loop(c, 0.5)
+            refused.append(getattr(c, method)(path, **kw))
+        for r in refused:
+            assert r.status_code == 429, r.text
+            assert r.headers["content-type"] == "application/problem+json" and r.headers["retry-after"] == "1"
+            body = r.json()
+            assert body["type"] == "/problems/api-busy" and "behind" in body["detail"] and "0.2 s" in body["detail"]
+        assert clean_redis.client().llen(contract.QUEUES[0]) == queued  # nothing refused was enqueued
+        _block_the_app_loop(c, 0.5)
+        assert c.get(job.headers["location"]).status_code == 200
+        _block_the_app_loop(c, 0.5)
+        assert c.get("/healthz").status_code == 200
+        time.sleep(0.3)  # the loop's monitor wakes on time again
+        assert c.post("/v1/jobs", json={"texts": ["e"]}).status_code == 202
+
+
+def test_a_max_loop_lag_of_zero_refuses_nothing(clean_redis: RedisServer) -> None:
+    with TestClient(create_app(ApiSettings(redis_url=clean_redis.url, max_loop_lag=0))) as c:
+        _block_the_app_loop(c, 0.5)
+        assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202
+
+
 def test_redis_unreachable_is_a_fast_503() -> None:
     """With no Redis listening, submit, read and readiness answer 503 + Retry-After within a second."""
     settings = ApiSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0")

@@ -138,6 +138,8 @@ def test_api_metrics_count_requests_by_route_template(fleet: Fleet) -> None:
     assert d("toxfleet_jobs_submitted_total") == 2
     assert d("toxfleet_texts_submitted_total") == 19
     assert d("toxfleet_messages_sent_total") == messages >= 1 + 2
+    lag: tuple[str, frozenset[tuple[str, str]]] = ("toxfleet_api_loop_lag_seconds", frozenset())
+    assert lag in after and 0 <= after[lag] < 1.0  # an idle API is not behind (over 0.1 s: api-busy)
     routes = {dict(labels)["route"] for name, labels in after if name == "toxfleet_http_requests_total"}
     assert not any(job_id in r for r in routes for job_id in ids), routes
     assert value(after, "toxfleet_workers") == 1 and value(after, "toxfleet_broker_up") == 1
