@@ -34,11 +34,11 @@ LATENCY = Histogram("toxfleet_http_request_duration_seconds",
 JOBS = Counter("toxfleet_jobs_submitted", "Jobs accepted and enqueued (POST /v1/jobs and the drop-in endpoints).")
 TEXTS = Counter("toxfleet_texts_submitted", "Texts in the jobs accepted.")
 MESSAGES = Counter("toxfleet_messages_sent", "Task messages published (a job is split into chunks of 16 texts).")
-CACHE_JOBS = Counter("toxfleet_cache_answered_jobs",
-                     "Jobs whose texts were all in the score cache, answered by the API without a worker.")
 LOOP_LAG = Gauge("toxfleet_api_loop_lag_seconds",
                  "How far this API process's event loop is behind (api.admission.LoopLag), read at scrape time; "
                  "over TOXFLEET_MAX_LOOP_LAG, new work gets 429 api-busy.")
+CACHE_JOBS = Counter("toxfleet_cache_answered_jobs",
+                     "Jobs whose texts were all in the score cache, answered by the API without a worker.")
 CACHE_TEXTS = Counter("toxfleet_cache_answered_texts", "Texts in the jobs answered from the score cache alone.")
 
 

@@ -153,7 +153,9 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
         "`Detoxify` model, `GET /toxicity?q=` calling `model.predict([q])` synchronously, served by "
         "`gunicorn -k uvicorn.workers.UvicornWorker --workers <cores> --preload --keep-alive 30 --backlog 2048` "
         "with `OMP_NUM_THREADS=1`.",
-        "- **toxfleet**: `uvicorn api.main:app` (1 process, no access log) + `celery -A worker worker` with "
+        f"- **toxfleet**: `{' '.join(['uvicorn', 'api.main:app', *meta.get('api_options', [])])}` "
+        "(1 process, no access log) + "
+        "`celery -A worker worker` with "
         f"`TOXFLEET_CONCURRENCY=<cores>` and `TOXFLEET_BACKEND={meta.get('toxfleet_backend', 'torch')}`"
         + ("" if meta.get("toxfleet_backend", "torch") == "torch" else
            " (**not** the torch fp32 of the baseline and the ceiling: ratios compare different backends)")

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from api import UVICORN_OPTIONS
 from bench import ceiling as ceiling_mod
 from bench import load, report
 from bench.checkpoints import ensure_checkpoint, prepare_backend
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     log_dir = ROOT / "var" / "bench-logs" / time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, Any] = {"meta": {"profile": name, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                                         "seed": args.seed, "rounds": args.rounds, "logs": str(log_dir),
-                                        "toxfleet_backend": args.backend,
+                                        "toxfleet_backend": args.backend, "api_options": list(UVICORN_OPTIONS),
                                         **environment(cores, args.clock_ghz, args.fma_units)},
                                "models": {}}
     results["meta"]["worker_settings"]["backend"] = args.backend
