@@ -6,7 +6,7 @@ or a burst), requests queue in front of its event loop without bound, and every 
 included, comes as late as that queue is long (the tiny checkpoint at twice its capacity: 429s after
 24.7 s at p99).
 
-`LoopLag` tells how long the loop has stayed behind. `Admission` (pure ASGI, before routing and body
+`LoopLag` tells how far behind the loop stays. `Admission` (pure ASGI, before routing and body
 parsing) refuses new work while that is over the limit. A refusal costs a small fraction of an accepted job, so
 the loop drains and its lag stays near the limit instead of growing. Only the routes that bring new
 work are guarded: polls of accepted jobs, deletes and health checks always pass.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections import deque
 from collections.abc import Collection, Iterable
 
@@ -30,32 +29,24 @@ LAG_INTERVAL = 0.05
 """Seconds the monitor sleeps between readings. Its cost is one wake-up per interval; a lag shorter than
 the interval is still seen, as the lateness of the next wake-up."""
 
-LAG_WINDOW = 0.25
-"""Seconds a lag must last to count: the lag is the least lateness of the wake-ups of this window. One slow
-iteration (a batch of results waking many long-polls at once: up to 0.11 s at 100 closed-loop clients on
-the tiny checkpoint) is not saturation; a loop that stays behind, or stalls for longer, is."""
+LAG_READINGS = 2
+"""Wake-ups that must all come late for the loop to count as behind: the lag is the least lateness of
+the last LAG_READINGS. A single slow stretch, however long (a burst of results waking many long-polls at
+once, a garbage collection, a first request's lazy set-up), makes one late wake-up: the requests that
+arrive after it find an idle loop and must not be refused. A saturated loop makes every wake-up late."""
 
 
 class LoopLag:
     """How far behind this event loop is, from a task that sleeps `interval` at a time and records how
-    late each wake-up comes.
+    late each wake-up comes: `seconds()` is the least lateness of the last `readings` wake-ups."""
 
-    `seconds()` is the smallest lateness among the wake-ups of the last `window` seconds, the pending one
-    included once it is overdue: one slow iteration among on-time ones reads as on time, while a loop
-    that stays behind, or stalls for longer than the window (the overdue wake-up is then the only
-    reading left), reads as behind at once, without waiting for the monitor's own turn."""
-
-    def __init__(self, interval: float = LAG_INTERVAL, window: float = LAG_WINDOW) -> None:
+    def __init__(self, interval: float = LAG_INTERVAL, readings: int = LAG_READINGS) -> None:
         self.interval = interval
-        self.window = window
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._due = math.inf
-        self._readings: deque[tuple[float, float]] = deque()  # (when, how late), the last `window` seconds
+        self._late: deque[float] = deque([0.0] * readings, maxlen=readings)
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = self._loop.create_task(self._run(), name="toxfleet-loop-lag")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="toxfleet-loop-lag")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -63,31 +54,18 @@ class LoopLag:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._due = math.inf
-        self._readings.clear()
+        self._late.extend([0.0] * len(self._late))
 
     def seconds(self) -> float:
-        """How many seconds the loop has stayed behind (0 before `start`)."""
-        if self._loop is None:
-            return 0.0
-        now = self._loop.time()
-        overdue = now - self._due
-        lag = overdue if overdue > 0 else math.inf
-        for at, late in self._readings:
-            if at >= now - self.window:
-                lag = min(lag, late)
-        return 0.0 if lag == math.inf else lag
+        """How many seconds the loop is behind (0 before `start`)."""
+        return min(self._late)
 
     async def _run(self) -> None:
-        loop = self._loop
-        assert loop is not None
+        loop = asyncio.get_running_loop()
         while True:
-            self._due = loop.time() + self.interval
+            due = loop.time() + self.interval
             await asyncio.sleep(self.interval)
-            now = loop.time()
-            self._readings.append((now, max(0.0, now - self._due)))
-            while self._readings[0][0] < now - self.window:
-                self._readings.popleft()
+            self._late.append(max(0.0, loop.time() - due))
 
 
 def guarded_paths(routes: Iterable[BaseRoute], endpoints: Collection[object]) -> frozenset[tuple[str, str]]:
