@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import PROBLEM_TYPE, ApiBusy, problem_bytes
+from api.errors import ApiBusy, send_problem
 
 LAG_INTERVAL = 0.05
 """Seconds the monitor sleeps between readings. Its cost is one wake-up per interval; a lag shorter than
@@ -102,14 +102,9 @@ class Admission:
         await self.app(scope, receive, send)
 
     async def _refuse(self, send: Send, lag: float) -> None:
-        body = problem_bytes(ApiBusy.status_code, ApiBusy.problem, ApiBusy.title,
-                             f"this API process is {lag:.2f} s behind its requests (limit {self.max_lag:g} s); "
-                             "retry later")
-        await send({"type": "http.response.start", "status": ApiBusy.status_code,
-                    "headers": [(b"content-type", PROBLEM_TYPE.encode()),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"retry-after", str(ApiBusy.retry_after).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_problem(send, ApiBusy.status_code, ApiBusy.problem, ApiBusy.title,
+                           f"this API process is {lag:.2f} s behind its requests (limit {self.max_lag:g} s); "
+                           "retry later", [(b"retry-after", str(ApiBusy.retry_after).encode())])
 
 
 def install(app: Starlette, lag: LoopLag, max_lag: float, guarded: frozenset[tuple[str, str]]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import BODY_TOO_LARGE, PROBLEM_TYPE, problem_bytes
+from api.errors import BODY_TOO_LARGE, send_problem
 
 
 class _TooLarge(BaseException):  # noqa: N818
@@ -25,11 +25,7 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def _refuse(self, send: Send) -> None:
-        body = problem_bytes(*BODY_TOO_LARGE, f"request body larger than {self.max_bytes} bytes")
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", PROBLEM_TYPE.encode()),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_problem(send, *BODY_TOO_LARGE, f"request body larger than {self.max_bytes} bytes")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

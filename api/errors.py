@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Send
 
 PROBLEM_TYPE = "application/problem+json"
 PROBLEM_PREFIX = "/problems/"
@@ -42,6 +43,16 @@ def problem(status: int, name: str, title: str, detail: str, **extra: Any) -> di
 
 def problem_bytes(status: int, name: str, title: str, detail: str) -> bytes:
     return json.dumps(problem(status, name, title, detail)).encode()
+
+
+async def send_problem(send: Send, status: int, name: str, title: str, detail: str,
+                       headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """Answer a problem straight through ASGI `send`, for middleware that refuses before routing."""
+    body = problem_bytes(status, name, title, detail)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", PROBLEM_TYPE.encode()), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def problem_response(status: int, name: str, title: str, detail: str, headers: dict[str, str] | None = None,
