@@ -65,6 +65,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "torch": {"kind": "backend", "precision": "fp32", "note": "Detoxify's model, the reference"},
     "torch-int8": {"kind": "backend", "precision": "reduced", "note": "torch.ao dynamic int8, Linear layers"},
     "torch-bf16": {"kind": "backend", "precision": "reduced", "note": "torch.autocast bf16 (AMX)"},
+    "torch-bf16-compiled": {"kind": "backend", "precision": "reduced",
+                            "note": "torch-bf16 through torch.compile (TorchInductor, frozen bf16 weights)"},
     "torch-bf16-weights": {"kind": "bf16-weights", "precision": "reduced", "note": "model.to(bfloat16), bench only"},
     "onnx": {"kind": "backend", "precision": "fp32", "note": "ORT fp32, folded + fused (export default)"},
     "onnx-unfused": {"kind": "file", "file": "folded.onnx", "precision": "fp32",

@@ -19,7 +19,8 @@ import pytest
 from testing import ROOT, start_worker
 from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
-from worker.cpus import kernel_signature
+from worker.backends.reduced import BF16_FLAGS, COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, cxx_compiler
+from worker.cpus import cpu_flags, kernel_signature
 from worker.exports import artifacts, build
 from worker.exports.artifacts import ExportError
 from worker.gate.fidelity import FP32_BUDGET, REDUCED_BUDGET, compare, gate_texts, measure, run_gate, score
@@ -393,8 +394,6 @@ def test_unknown_backend_name_is_rejected() -> None:
 
 def test_kernel_signature_keeps_only_kernel_relevant_flags(tmp_path: Path) -> None:
     """The decision key lists the ISA flags that change kernels, in a fixed order, and ignores the rest."""
-    from worker.cpus import cpu_flags, kernel_signature
-
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 amx_int8 avx2 avx512_vnni hypervisor\n")
     assert kernel_signature(cpu_flags(cpuinfo)) == "avx2,avx512_vnni,amx_int8"
@@ -468,3 +467,35 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
     log = _worker_log(tmp_path, redis_server.url, checkpoint, "auto-other-cpu")
     assert f"backend torch (reference: decision was made on a CPU with [{other}]" in log, log[-3000:]
     assert "(torch backend;" in log
+
+
+@pytest.mark.skipif(not any(flag in cpu_flags() for flag in BF16_FLAGS), reason="this CPU has no bf16 units")
+@pytest.mark.skipif(cxx_compiler() is None, reason="no C++ compiler for TorchInductor")
+def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does(exported: WorkerSettings,
+                                                                                   reference) -> None:  # type: ignore[no-untyped-def]
+    """`torch-bf16-compiled` compiles its graphs before it is ready, so no job waits for a compile
+    whatever its batch size and lengths, and it is as close to the reference as eager `torch-bf16`.
+    The tiny checkpoint's random weights magnify bf16 rounding far past the reduced budget (both fail
+    it here); whether a checkpoint may run it is the gate's call, on its trained weights."""
+    from torch._dynamo.utils import counters
+
+    from worker.backends.loader import load_backend
+
+    texts, ref_scores, labels = reference
+    eager = measure(load_backend("torch-bf16", exported), texts, ref_scores, labels, exported)
+    backend = load_backend("torch-bf16-compiled", exported)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= len(WARM_UP_BATCHES)
+    row = measure(backend, texts, ref_scores, labels, exported)  # passes of 1 to 16 texts, many lengths
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert 0 < row.mean_abs <= 1.25 * eager.mean_abs, (row, eager)
+    assert row.min_spearman >= eager.min_spearman - 0.01, (row, eager)
+
+
+def test_compiled_bf16_is_refused_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a C++ compiler TorchInductor cannot build kernels: the backend refuses at load, saying so
+    (the gate records that as the reason it could not load)."""
+    monkeypatch.delenv(COMPILER_ENV, raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler"):
+        TorchBf16CompiledBackend(object(), "m")

@@ -12,13 +12,14 @@ import time
 
 from worker.backends.base import Backend
 from worker.backends.onnx import load_onnx_backend
-from worker.backends.reduced import TorchBf16Backend, TorchInt8Backend
+from worker.backends.reduced import TorchBf16Backend, TorchBf16CompiledBackend, TorchInt8Backend
 from worker.backends.torch import TorchBackend
 from worker.settings import WorkerSettings
 from worker.weights import load_detoxify
 
 TORCH_BACKENDS: dict[str, type[TorchBackend]] = {
-    "torch": TorchBackend, "torch-int8": TorchInt8Backend, "torch-bf16": TorchBf16Backend}
+    "torch": TorchBackend, "torch-int8": TorchInt8Backend, "torch-bf16": TorchBf16Backend,
+    "torch-bf16-compiled": TorchBf16CompiledBackend}
 """Backends built on the model Detoxify loads."""
 
 ROWWISE = "torch-int8-rowwise"

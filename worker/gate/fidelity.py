@@ -75,7 +75,7 @@ DEFAULT_TEXTS = 1024
 REFERENCE_CHECK_TEXTS = 24
 """Texts the reference also scores one per pass, to prove its padded passes match unpadded ones."""
 
-CANDIDATES = ("torch-int8", "torch-int8-rowwise", "torch-bf16", "onnx", "onnx-int8")
+CANDIDATES = ("torch-int8", "torch-int8-rowwise", "torch-bf16", "torch-bf16-compiled", "onnx", "onnx-int8")
 """Backends gated by default, besides the reference."""
 
 EDGE_TEXTS = ["", "ok", "You are an idiot!!!", "Ünïcödé ✓ 😀 — ﬁ", "word " * 800]
@@ -259,7 +259,7 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
     gc.collect()
     for name in backends:
         precision = precision_of(name)
-        if name == "torch-bf16" and not any(flag in cpu_flags() for flag in BF16_FLAGS):
+        if name.startswith("torch-bf16") and not any(flag in cpu_flags() for flag in BF16_FLAGS):
             rows.append(_failed(name, precision, len(texts), budget_for(precision), "this CPU has no bf16 units"))
             continue
         try:
