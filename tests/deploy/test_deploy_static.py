@@ -438,6 +438,16 @@ def _export_step() -> str:
     return step
 
 
+def test_worker_compiler_is_in_both_stages_under_one_argument() -> None:
+    """The build's gate can choose `torch-bf16-compiled` only where g++ is installed; the runtime stage
+    installs it under the same argument, so a decision made at build time runs in the image."""
+    assert WORKER_FILE.global_args["CXX_COMPILER"] == "1"
+    for stage in ("build", "runtime"):
+        assert "CXX_COMPILER" in WORKER_FILE.args(WORKER_FILE.stage(stage))
+        (step,) = [r for r in _run_steps(WORKER_FILE, stage) if "g++" in r]
+        assert '"$CXX_COMPILER" = "1"' in step and "apt-get install" in step
+
+
 def test_worker_default_backend_is_auto() -> None:
     """The worker image (and the settings it mirrors) defaults to `auto`, which needs the build's export."""
     assert WORKER_FILE.global_args["TOXFLEET_BACKEND"] == "auto" == WorkerSettings.model_fields["backend"].default
