@@ -19,7 +19,7 @@ import pytest
 from testing import ROOT, start_worker
 from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
-from worker.backends.reduced import BF16_FLAGS, COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, cxx_compiler
+from worker.backends.reduced import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend
 from worker.cpus import cpu_flags, kernel_signature
 from worker.exports import artifacts, build
 from worker.exports.artifacts import ExportError
@@ -469,8 +469,8 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
     assert "(torch backend;" in log
 
 
-@pytest.mark.skipif(not any(flag in cpu_flags() for flag in BF16_FLAGS), reason="this CPU has no bf16 units")
-@pytest.mark.skipif(cxx_compiler() is None, reason="no C++ compiler for TorchInductor")
+@pytest.mark.skipif(TorchBf16CompiledBackend.unavailable() is not None,
+                    reason=f"torch-bf16-compiled: {TorchBf16CompiledBackend.unavailable()}")
 def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does(exported: WorkerSettings,
                                                                                    reference) -> None:  # type: ignore[no-untyped-def]
     """`torch-bf16-compiled` compiles its graphs before it is ready, so no job waits for a compile
@@ -492,10 +492,19 @@ def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does
     assert row.min_spearman >= eager.min_spearman - 0.01, (row, eager)
 
 
-def test_compiled_bf16_is_refused_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a C++ compiler TorchInductor cannot build kernels: the backend refuses at load, saying so
-    (the gate records that as the reason it could not load)."""
+def test_compiled_bf16_is_refused_without_a_compiler_before_the_model_loads(
+        monkeypatch: pytest.MonkeyPatch, exported: WorkerSettings, tmp_path: Path) -> None:
+    """Without a C++ compiler TorchInductor cannot build kernels: the backend refuses, saying so, before
+    the loader spends a model load on it, and the gate records the reason as a failed row."""
+    from worker.backends.loader import load_backend
+
     monkeypatch.delenv(COMPILER_ENV, raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler"):
         TorchBf16CompiledBackend(object(), "m")
+    # A checkpoint that does not exist: loading it would fail otherwise.
+    absent = exported.model_copy(update={"checkpoint": tmp_path / "absent.ckpt"})
+    with pytest.raises(RuntimeError, match=r"torch-bf16-compiled cannot run here: .*needs a C\+\+ compiler"):
+        load_backend("torch-bf16-compiled", absent)
+    rows = run_gate(exported, backends=["torch-bf16-compiled"], texts=["a short text"])
+    assert not rows[-1].passed and "needs a C++ compiler" in (rows[-1].error or ""), rows[-1]

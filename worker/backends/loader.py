@@ -26,6 +26,13 @@ ROWWISE = "torch-int8-rowwise"
 """Per-row int8 (`worker.backends.rowwise`): built on Detoxify's model too, imported only when chosen."""
 
 
+def unavailable(name: str) -> str | None:
+    """Why backend `name` cannot run on this machine, or None (ONNX and rowwise backends: always None
+    here; what they lack shows when they load)."""
+    backend_class = TORCH_BACKENDS.get(name)
+    return None if backend_class is None else backend_class.unavailable()
+
+
 def load_backend(name: str, settings: WorkerSettings) -> Backend:
     """Build backend `name` (a TOXFLEET_BACKEND value other than `auto`) for these settings."""
     started = time.perf_counter()
@@ -36,8 +43,10 @@ def load_backend(name: str, settings: WorkerSettings) -> Backend:
     elif name in TORCH_BACKENDS:
         import torch  # heavy, and absent from ONNX-only images: only on the torch backends' path
 
+        backend_class = TORCH_BACKENDS[name]
+        backend_class.require()  # before the model is loaded: a refusal should not cost a load
         torch.set_num_threads(settings.torch_threads)
-        backend = TORCH_BACKENDS[name](load_detoxify(settings), settings.model_identity)
+        backend = backend_class(load_detoxify(settings), settings.model_identity)
     elif name == ROWWISE:
         import torch  # heavy, and absent from ONNX-only images: only on the torch backends' path
 

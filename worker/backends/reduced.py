@@ -50,12 +50,11 @@ class TorchBf16Backend(TorchBackend):
     name = "torch-bf16"
     precision = REDUCED
 
-    def __init__(self, detoxify: Any, identity: str) -> None:
-        missing = not any(flag in cpu_flags() for flag in BF16_FLAGS)
-        if missing:
-            raise RuntimeError(f"TOXFLEET_BACKEND=torch-bf16 needs a CPU with one of {', '.join(BF16_FLAGS)}; "
-                               "this one would emulate bf16 slower than fp32")
-        super().__init__(detoxify, identity)
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if not any(flag in cpu_flags() for flag in BF16_FLAGS):
+            return f"it needs a CPU with one of {', '.join(BF16_FLAGS)}; this one would emulate bf16 slower than fp32"
+        return None
 
     def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         torch = self._torch
@@ -89,10 +88,13 @@ class TorchBf16CompiledBackend(TorchBf16Backend):
 
     name = "torch-bf16-compiled"
 
-    def __init__(self, detoxify: Any, identity: str) -> None:
+    @classmethod
+    def unavailable(cls) -> str | None:
         if cxx_compiler() is None:
-            raise RuntimeError(f"TOXFLEET_BACKEND={self.name} needs a C++ compiler (set {COMPILER_ENV}, or "
-                               "install g++) for TorchInductor's kernels")
+            return f"it needs a C++ compiler for TorchInductor's kernels (set {COMPILER_ENV}, or install g++)"
+        return super().unavailable()
+
+    def __init__(self, detoxify: Any, identity: str) -> None:
         super().__init__(detoxify, identity)
         torch = self._torch
         import torch._inductor.config as inductor  # heavy: only where this backend is built

@@ -17,7 +17,21 @@ class TorchBackend(Backend):
 
     name = "torch"
 
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this backend cannot run on this machine, or None. The loader asks before it loads the
+        model, and the gate records the reason as a failed row."""
+        return None
+
+    @classmethod
+    def require(cls) -> None:
+        """Raise RuntimeError, saying why, if this backend cannot run on this machine."""
+        reason = cls.unavailable()
+        if reason is not None:
+            raise RuntimeError(f"TOXFLEET_BACKEND={cls.name} cannot run here: {reason}")
+
     def __init__(self, detoxify: Any, identity: str) -> None:
+        self.require()
         import torch  # heavy, and absent from ONNX-only images: imported when this backend is built
 
         self._torch = torch

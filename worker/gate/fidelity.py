@@ -26,9 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from worker.backends.base import FP32, REDUCED, Backend
-from worker.backends.loader import load_backend
-from worker.backends.reduced import BF16_FLAGS
-from worker.cpus import cpu_flags
+from worker.backends.loader import load_backend, unavailable
 from worker.gate.probes import probe_texts
 from worker.scorer import Scorer
 from worker.settings import WorkerSettings
@@ -259,8 +257,9 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
     gc.collect()
     for name in backends:
         precision = precision_of(name)
-        if name.startswith("torch-bf16") and not any(flag in cpu_flags() for flag in BF16_FLAGS):
-            rows.append(_failed(name, precision, len(texts), budget_for(precision), "this CPU has no bf16 units"))
+        reason = unavailable(name)
+        if reason is not None:
+            rows.append(_failed(name, precision, len(texts), budget_for(precision), f"cannot run here: {reason}"))
             continue
         try:
             backend = load_backend(name, settings)
