@@ -63,6 +63,8 @@ PEAK_OPS_PER_CYCLE = {
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "torch": {"kind": "backend", "precision": "fp32", "note": "Detoxify's model, the reference"},
+    "torch-compiled": {"kind": "backend", "precision": "fp32",
+                       "note": "torch through torch.compile (TorchInductor, frozen fp32 weights)"},
     "torch-int8": {"kind": "backend", "precision": "reduced", "note": "torch.ao dynamic int8, Linear layers"},
     "torch-bf16": {"kind": "backend", "precision": "reduced", "note": "torch.autocast bf16 (AMX)"},
     "torch-bf16-compiled": {"kind": "backend", "precision": "reduced",

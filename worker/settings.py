@@ -19,8 +19,8 @@ from toxfleet import redis_url as urls
 from toxfleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
 from toxfleet.keys import DEFAULT_REDIS_URL
 
-BACKEND_NAMES = ("auto", "torch", "torch-int8", "torch-int8-rowwise", "torch-bf16", "torch-bf16-compiled",
-                 "onnx", "onnx-int8")
+BACKEND_NAMES = ("auto", "torch", "torch-compiled", "torch-int8", "torch-int8-rowwise", "torch-bf16",
+                 "torch-bf16-compiled", "onnx", "onnx-int8")
 """Values TOXFLEET_BACKEND accepts; `worker.backends.loader.load_backend` builds each of them
 (`auto` resolved first by `worker.gate.selection`)."""
 
@@ -38,7 +38,7 @@ class WorkerSettings(BaseSettings):
         description="Inference backend: `auto` (the default): the fastest backend that passed the fidelity gate "
                     "for this checkpoint on this kind of CPU (`python -m worker.export` decides; without a valid "
                     "decision for this checkpoint, CPU and runtime, `auto` runs `torch` and logs why); or one by "
-                    "name: `torch` (fp32, exactly Detoxify's model: the reference), `torch-int8`, "
+                    "name: `torch` (fp32, exactly Detoxify's model: the reference), `torch-compiled`, `torch-int8`, "
                     "`torch-int8-rowwise`, `torch-bf16`, `torch-bf16-compiled`, `onnx`, `onnx-int8`. "
                     "See docs/backends.md.")
     export_dir: Path | None = Field(

@@ -439,7 +439,7 @@ def _export_step() -> str:
 
 
 def test_worker_compiler_is_in_both_stages_under_one_argument() -> None:
-    """The build's gate can choose `torch-bf16-compiled` only where g++ is installed; the runtime stage
+    """The build's gate can choose a compiled backend only where g++ is installed; the runtime stage
     installs it under the same argument, so a decision made at build time runs in the image."""
     assert WORKER_FILE.global_args["CXX_COMPILER"] == "1"
     for stage in ("build", "runtime"):

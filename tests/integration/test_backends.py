@@ -19,7 +19,7 @@ import pytest
 from testing import ROOT, start_worker
 from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
-from worker.backends.reduced import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend
+from worker.backends.compiled import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, TorchCompiledBackend
 from worker.cpus import cpu_flags, kernel_signature
 from worker.exports import artifacts, build
 from worker.exports.artifacts import ExportError
@@ -469,6 +469,28 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
     assert "(torch backend;" in log
 
 
+@pytest.mark.skipif(TorchCompiledBackend.unavailable() is not None,
+                    reason=f"torch-compiled: {TorchCompiledBackend.unavailable()}")
+def test_compiled_fp32_compiles_while_it_loads_and_is_within_the_fp32_budget(exported: WorkerSettings,
+                                                                               reference) -> None:  # type: ignore[no-untyped-def]
+    """`torch-compiled` compiles its graphs before it is ready, so no job waits for a compile whatever
+    its batch size and lengths, and fused fp32 kernels change only summation order: it passes the
+    FP32 budget against the reference, with no flip."""
+    from torch._dynamo.utils import counters
+
+    from worker.backends.loader import load_backend
+
+    texts, ref_scores, labels = reference
+    backend = load_backend("torch-compiled", exported)
+    assert backend.precision == "fp32"
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= len(WARM_UP_BATCHES)
+    row = measure(backend, texts, ref_scores, labels, exported)  # passes of 1 to 16 texts, many lengths
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert row.passed and row.budget_max_abs == FP32_BUDGET.max_abs, row
+    assert 0 < row.max_abs <= FP32_BUDGET.max_abs and row.flips == 0, row
+
+
 @pytest.mark.skipif(TorchBf16CompiledBackend.unavailable() is not None,
                     reason=f"torch-bf16-compiled: {TorchBf16CompiledBackend.unavailable()}")
 def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does(exported: WorkerSettings,
@@ -492,19 +514,22 @@ def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does
     assert row.min_spearman >= eager.min_spearman - 0.01, (row, eager)
 
 
-def test_compiled_bf16_is_refused_without_a_compiler_before_the_model_loads(
-        monkeypatch: pytest.MonkeyPatch, exported: WorkerSettings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend_class", [TorchCompiledBackend, TorchBf16CompiledBackend])
+def test_compiled_backends_are_refused_without_a_compiler_before_the_model_loads(
+        backend_class: type[TorchCompiledBackend], monkeypatch: pytest.MonkeyPatch, exported: WorkerSettings,
+        tmp_path: Path) -> None:
     """Without a C++ compiler TorchInductor cannot build kernels: the backend refuses, saying so, before
     the loader spends a model load on it, and the gate records the reason as a failed row."""
     from worker.backends.loader import load_backend
 
+    name = backend_class.name
     monkeypatch.delenv(COMPILER_ENV, raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler"):
-        TorchBf16CompiledBackend(object(), "m")
+        backend_class(object(), "m")
     # A checkpoint that does not exist: loading it would fail otherwise.
     absent = exported.model_copy(update={"checkpoint": tmp_path / "absent.ckpt"})
-    with pytest.raises(RuntimeError, match=r"torch-bf16-compiled cannot run here: .*needs a C\+\+ compiler"):
-        load_backend("torch-bf16-compiled", absent)
-    rows = run_gate(exported, backends=["torch-bf16-compiled"], texts=["a short text"])
+    with pytest.raises(RuntimeError, match=rf"{name} cannot run here: .*needs a C\+\+ compiler"):
+        load_backend(name, absent)
+    rows = run_gate(exported, backends=[name], texts=["a short text"])
     assert not rows[-1].passed and "needs a C++ compiler" in (rows[-1].error or ""), rows[-1]

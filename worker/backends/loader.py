@@ -11,15 +11,16 @@ from __future__ import annotations
 import time
 
 from worker.backends.base import Backend
+from worker.backends.compiled import TorchBf16CompiledBackend, TorchCompiledBackend
 from worker.backends.onnx import load_onnx_backend
-from worker.backends.reduced import TorchBf16Backend, TorchBf16CompiledBackend, TorchInt8Backend
+from worker.backends.reduced import TorchBf16Backend, TorchInt8Backend, rowwise_unavailable
 from worker.backends.torch import TorchBackend
 from worker.settings import WorkerSettings
 from worker.weights import load_detoxify
 
 TORCH_BACKENDS: dict[str, type[TorchBackend]] = {
-    "torch": TorchBackend, "torch-int8": TorchInt8Backend, "torch-bf16": TorchBf16Backend,
-    "torch-bf16-compiled": TorchBf16CompiledBackend}
+    "torch": TorchBackend, "torch-compiled": TorchCompiledBackend, "torch-int8": TorchInt8Backend,
+    "torch-bf16": TorchBf16Backend, "torch-bf16-compiled": TorchBf16CompiledBackend}
 """Backends built on the model Detoxify loads."""
 
 ROWWISE = "torch-int8-rowwise"
@@ -27,8 +28,10 @@ ROWWISE = "torch-int8-rowwise"
 
 
 def unavailable(name: str) -> str | None:
-    """Why backend `name` cannot run on this machine, or None (ONNX and rowwise backends: always None
-    here; what they lack shows when they load)."""
+    """Why backend `name` cannot run on this machine, or None (ONNX backends: always None here; what
+    they lack shows when they load)."""
+    if name == ROWWISE:
+        return rowwise_unavailable()
     backend_class = TORCH_BACKENDS.get(name)
     return None if backend_class is None else backend_class.unavailable()
 
@@ -53,6 +56,7 @@ def load_backend(name: str, settings: WorkerSettings) -> Backend:
         # Its module defines torch.nn.Module classes at import (so imports torch): only on its own path.
         from worker.backends.rowwise import TorchRowwiseInt8Backend
 
+        TorchRowwiseInt8Backend.require()  # before the model is loaded, as above
         torch.set_num_threads(settings.torch_threads)
         backend = TorchRowwiseInt8Backend(load_detoxify(settings), settings.model_identity)
     elif name == "auto":

@@ -1,5 +1,5 @@
 """Detoxify's torch model run in reduced precision: int8 dynamic quantization, or bf16 autocast
-(eager, or compiled by TorchInductor).
+(compiled by TorchInductor: `worker.backends.compiled`).
 
 Both start from exactly the model the reference loads and change only how it computes, so the
 tokenizer, label order and output are the reference's. Neither is exported ahead of time: dynamic
@@ -10,8 +10,6 @@ second at process start, and autocast changes nothing stored. Both must pass the
 
 from __future__ import annotations
 
-import os
-import shutil
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +19,30 @@ from worker.backends.torch import TorchBackend
 from worker.cpus import cpu_flags
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-"""CPU flags that give bf16 matrix units (AMX) or instructions; without one, bf16 is emulated and slow."""
+"""CPU flags that give bf16 matrix units (AMX) or instructions; without one, bf16 is emulated and slow
+(a 512x384 @ 384x1536 matmul, one thread, AVX2-only AMD EPYC, 2026-12-03: 465 ms, against 8.6 in fp32)."""
+
+INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+"""CPU flags that give int8 matrix units (AMX) or dot-product instructions (VNNI); without one,
+`torch._int_mm` falls back to slow kernels (the same matmul: 432 ms; the trained MiniLM in
+`torch-int8-rowwise` ran at 1.0 texts/s there, fp32 at 23, and took 17 minutes of the gate)."""
+
+
+def bf16_unavailable() -> str | None:
+    """Why bf16 matmuls would be slower than fp32 on this CPU, or None."""
+    if not any(flag in cpu_flags() for flag in BF16_FLAGS):
+        return f"it needs a CPU with one of {', '.join(BF16_FLAGS)}; this one would emulate bf16 slower than fp32"
+    return None
+
+
+def rowwise_unavailable() -> str | None:
+    """Why `torch-int8-rowwise` (int8 `torch._int_mm`, projections kept in bf16) would be slower than
+    fp32 on this CPU, or None. Here, not on its class: its module imports torch, and the loader and
+    the gate ask before they load anything."""
+    if not any(flag in cpu_flags() for flag in INT8_DOT_FLAGS):
+        return (f"it needs a CPU with one of {', '.join(INT8_DOT_FLAGS)}; without int8 dot products "
+                f"its matmuls run ~50x slower than fp32")
+    return bf16_unavailable()
 
 
 class TorchInt8Backend(TorchBackend):
@@ -52,9 +73,7 @@ class TorchBf16Backend(TorchBackend):
 
     @classmethod
     def unavailable(cls) -> str | None:
-        if not any(flag in cpu_flags() for flag in BF16_FLAGS):
-            return f"it needs a CPU with one of {', '.join(BF16_FLAGS)}; this one would emulate bf16 slower than fp32"
-        return None
+        return bf16_unavailable()
 
     def predict(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         torch = self._torch
@@ -63,51 +82,3 @@ class TorchBf16Backend(TorchBackend):
         probs = torch.sigmoid(logits[:, : len(self.labels)].float())
         out: list[list[float]] = probs.tolist()
         return out
-
-
-COMPILER_ENV = "CXX"
-"""Where TorchInductor looks for its C++ compiler first; then `c++`, `g++` on PATH."""
-
-WARM_UP_BATCHES = (1, 2)
-"""Texts in the passes `TorchBf16CompiledBackend` runs at load: TorchInductor compiles one graph for a
-single text (it specialises a dimension of size 1) and one for every larger batch, whatever its
-length (dynamic shapes), so after these two no job waits for a compile."""
-
-
-def cxx_compiler() -> str | None:
-    """The C++ compiler TorchInductor would build its CPU kernels with, or None."""
-    return os.environ.get(COMPILER_ENV) or shutil.which("c++") or shutil.which("g++")
-
-
-class TorchBf16CompiledBackend(TorchBf16Backend):
-    """`torch-bf16`, compiled: the Linear weights stored in bf16 once (autocast re-casts fp32 weights
-    on every call, and would cast these to the same values), the model traced by `torch.compile` with
-    dynamic shapes and frozen weights, so TorchInductor fuses the elementwise work between the matrix
-    products and prepacks the weights for oneDNN. Compiling takes ~25 s per process at load (warm-up
-    passes of `WARM_UP_BATCHES`), and needs a C++ compiler on the worker (refused without one)."""
-
-    name = "torch-bf16-compiled"
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        if cxx_compiler() is None:
-            return f"it needs a C++ compiler for TorchInductor's kernels (set {COMPILER_ENV}, or install g++)"
-        return super().unavailable()
-
-    def __init__(self, detoxify: Any, identity: str) -> None:
-        super().__init__(detoxify, identity)
-        torch = self._torch
-        import torch._inductor.config as inductor  # heavy: only where this backend is built
-
-        # Freezing folds the weights into the graph as constants: what lets oneDNN prepack them.
-        inductor.freezing = True
-        # One compile process: a pool process owns one core, and compile workers would be children of
-        # a daemonic process.
-        inductor.compile_threads = 1
-        for module in self._model.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.to(torch.bfloat16)
-        self._model = torch.compile(self._model, dynamic=True)
-        special = self.tokenize([""])[0]
-        for texts in WARM_UP_BATCHES:
-            self.predict([special] * texts)

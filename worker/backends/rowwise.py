@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from worker.backends.base import REDUCED
+from worker.backends.reduced import rowwise_unavailable
 from worker.backends.torch import TorchBackend
 
 INT8_MAX = 127
@@ -276,6 +277,10 @@ class TorchRowwiseInt8Backend(TorchBackend):
 
     name = "torch-int8-rowwise"
     precision = REDUCED
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return rowwise_unavailable()
 
     def __init__(self, detoxify: Any, identity: str, plan: QuantPlan | None = None) -> None:
         super().__init__(detoxify, identity)

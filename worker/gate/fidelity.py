@@ -73,7 +73,8 @@ DEFAULT_TEXTS = 1024
 REFERENCE_CHECK_TEXTS = 24
 """Texts the reference also scores one per pass, to prove its padded passes match unpadded ones."""
 
-CANDIDATES = ("torch-int8", "torch-int8-rowwise", "torch-bf16", "torch-bf16-compiled", "onnx", "onnx-int8")
+CANDIDATES = ("torch-compiled", "torch-int8", "torch-int8-rowwise", "torch-bf16", "torch-bf16-compiled", "onnx",
+              "onnx-int8")
 """Backends gated by default, besides the reference."""
 
 EDGE_TEXTS = ["", "ok", "You are an idiot!!!", "Ünïcödé ✓ 😀 — ﬁ", "word " * 800]
@@ -194,7 +195,7 @@ def budget_for(precision: str) -> Budget:
 
 def precision_of(name: str) -> str:
     """A backend's precision class from its name, for rows of backends that could not load."""
-    return FP32 if name in ("torch", "onnx") else REDUCED
+    return FP32 if name in ("torch", "torch-compiled", "onnx") else REDUCED
 
 
 def score(backend: Backend, texts: Sequence[str], settings: WorkerSettings) -> tuple[list[list[float]], float]:
