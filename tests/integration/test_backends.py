@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from testing import ROOT, start_worker
+from tests.cpu import needs_exact_int8
 from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
 from worker.backends.compiled import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, TorchCompiledBackend
@@ -149,6 +150,7 @@ def test_int8_export_is_per_row_with_smoothquant_as_the_manifest_records(exporte
     assert sum(n.endswith("_shift_product") for n in constants) == 2  # the tiny ALBERT's 2 FFN-out MatMuls
 
 
+@needs_exact_int8
 def test_per_row_onnx_graph_computes_what_the_torch_rowwise_module_computes(exported: WorkerSettings,
                                                                             tmp_path: Path) -> None:
     """Without smoothing, the ONNX per-row rewrite and `worker.backends.rowwise` (pooler included,

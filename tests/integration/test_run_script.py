@@ -58,6 +58,13 @@ def test_persistent_broker_keeps_queued_messages_across_a_restart(tmp_path: Path
         proc.wait(10)
 
 
+def _interruptible() -> None:
+    """SIGINT back to its default in the child: a test run started in the background of a shell (`make
+    test &`) inherits SIGINT ignored, and bash cannot trap a signal ignored on entry, so run.sh's Ctrl-C
+    cleanup would never run (found on 2026-12-03: the test waited out its 60 s)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
     api_port, flower_port, redis_port, metrics_port = free_port(), free_port(), free_port(), free_port()
@@ -74,7 +81,7 @@ def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         run = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_interruptible)
     try:
         api = f"http://127.0.0.1:{api_port}"
         # On the first run for this checkpoint, run.sh prepares `auto` (ONNX export + fidelity gate, minutes

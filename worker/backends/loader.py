@@ -29,7 +29,8 @@ ROWWISE = "torch-int8-rowwise"
 
 def unavailable(name: str) -> str | None:
     """Why backend `name` cannot run on this machine, or None (ONNX backends: always None here; what
-    they lack shows when they load)."""
+    they lack shows when they load, and `onnx-int8`'s saturation without int8 dot products, in the
+    gate: `worker.backends.reduced.INT8_DOT_FLAGS`)."""
     if name == ROWWISE:
         return rowwise_unavailable()
     backend_class = TORCH_BACKENDS.get(name)

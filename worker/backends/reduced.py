@@ -23,9 +23,11 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 (a 512x384 @ 384x1536 matmul, one thread, AVX2-only AMD EPYC, 2026-12-03: 465 ms, against 8.6 in fp32)."""
 
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
-"""CPU flags that give int8 matrix units (AMX) or dot-product instructions (VNNI); without one,
-`torch._int_mm` falls back to slow kernels (the same matmul: 432 ms; the trained MiniLM in
-`torch-int8-rowwise` ran at 1.0 texts/s there, fp32 at 23, and took 17 minutes of the gate)."""
+"""CPU flags that give int8 matrix units (AMX) or dot-product instructions (VNNI). Without one (same
+host), `torch._int_mm` falls back to slow kernels (the same matmul: 432 ms; the trained MiniLM in
+`torch-int8-rowwise` ran at 1.0 texts/s, fp32 at 23, and took 17 minutes of the gate), and ONNX
+Runtime's uint8 x int8 `MatMulInteger` sums pairs of products in saturating int16 (`vpmaddubsw`):
+with activations up to 255 its int32 results were off by up to 32,908, exact up to 127."""
 
 
 def bf16_unavailable() -> str | None:
@@ -35,14 +37,20 @@ def bf16_unavailable() -> str | None:
     return None
 
 
-def rowwise_unavailable() -> str | None:
-    """Why `torch-int8-rowwise` (int8 `torch._int_mm`, projections kept in bf16) would be slower than
-    fp32 on this CPU, or None. Here, not on its class: its module imports torch, and the loader and
-    the gate ask before they load anything."""
+def int8_dot_unavailable() -> str | None:
+    """Why int8 x int8 matmuls would be slow or, in ONNX Runtime, saturate on this CPU, or None.
+    `onnx-int8` still loads there (its export and loading do not depend on the CPU): the gate judges
+    what saturation costs, and on the trained MiniLM it failed (16 of 1,024 texts flipped)."""
     if not any(flag in cpu_flags() for flag in INT8_DOT_FLAGS):
         return (f"it needs a CPU with one of {', '.join(INT8_DOT_FLAGS)}; without int8 dot products "
-                f"its matmuls run ~50x slower than fp32")
-    return bf16_unavailable()
+                f"its matmuls are ~50x slower than fp32 (torch) or saturate (ONNX Runtime)")
+    return None
+
+
+def rowwise_unavailable() -> str | None:
+    """`torch-int8-rowwise`'s answer (int8 `torch._int_mm`, projections kept in bf16). Here, not on its
+    class: its module imports torch, and the loader and the gate ask before they load anything."""
+    return int8_dot_unavailable() or bf16_unavailable()
 
 
 class TorchInt8Backend(TorchBackend):
