@@ -30,21 +30,24 @@ Runtime's uint8 x int8 `MatMulInteger` sums pairs of products in saturating int1
 with activations up to 255 its int32 results were off by up to 32,908, exact up to 127."""
 
 
+def _needs_one_of(flags: tuple[str, ...], otherwise: str) -> str | None:
+    """The refusal for a CPU with none of `flags` (read once from /proc/cpuinfo), or None."""
+    if cpu_flags().isdisjoint(flags):
+        return f"it needs a CPU with one of {', '.join(flags)}; {otherwise}"
+    return None
+
+
 def bf16_unavailable() -> str | None:
     """Why bf16 matmuls would be slower than fp32 on this CPU, or None."""
-    if not any(flag in cpu_flags() for flag in BF16_FLAGS):
-        return f"it needs a CPU with one of {', '.join(BF16_FLAGS)}; this one would emulate bf16 slower than fp32"
-    return None
+    return _needs_one_of(BF16_FLAGS, "this one would emulate bf16 slower than fp32")
 
 
 def int8_dot_unavailable() -> str | None:
     """Why int8 x int8 matmuls would be slow or, in ONNX Runtime, saturate on this CPU, or None.
     `onnx-int8` still loads there (its export and loading do not depend on the CPU): the gate judges
     what saturation costs, and on the trained MiniLM it failed (16 of 1,024 texts flipped)."""
-    if not any(flag in cpu_flags() for flag in INT8_DOT_FLAGS):
-        return (f"it needs a CPU with one of {', '.join(INT8_DOT_FLAGS)}; without int8 dot products "
-                f"its matmuls are ~50x slower than fp32 (torch) or saturate (ONNX Runtime)")
-    return None
+    return _needs_one_of(INT8_DOT_FLAGS, "without int8 dot products its matmuls are ~50x slower than fp32 "
+                                         "(torch) or saturate (ONNX Runtime)")
 
 
 def rowwise_unavailable() -> str | None:
