@@ -8,6 +8,7 @@ stale, runs the fidelity gate on this CPU (`worker.gate`) and writes the decisio
     python -m worker.export                # reads TOXFLEET_CHECKPOINT / TOXFLEET_HF_CONFIG / TOXFLEET_MODEL
     python -m worker.export --check        # verify only; exit 1 with the reason if a worker would refuse it
     python -m worker.export --no-gate      # artifacts only (the gate needs minutes on a full-size model)
+    python -m worker.export --backends onnx,onnx-int8   # gate only these (auto chooses among them)
     python -m worker.export --prepare      # what the configured backend needs, only if missing (`make run`)
 
 `--prepare` is what `scripts/run.sh` runs before the workers start. For `auto`: nothing when a valid
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if the export is current")
     parser.add_argument("--no-gate", action="store_true", help="skip the fidelity gate and the auto decision")
     parser.add_argument("--texts", type=int, default=None, help="gate corpus size (default: worker.gate's)")
+    parser.add_argument("--backends", type=gate_cli.backend_list, default=None,
+                        help="comma-separated backends to gate (default: worker.gate's candidates; the "
+                             "compiled ones cost most of the gate's time, tens of seconds each to trace)")
     parser.add_argument("--prepare", action="store_true",
                         help="prepare what TOXFLEET_BACKEND needs, only if missing (export; gate for auto)")
     parser.add_argument("--out", type=Path, default=None,
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export OK: {directory}")
         return 0
     if args.prepare:
-        return prepare(settings, args.texts)
+        return prepare(settings, args.texts, args.backends)
     started = time.perf_counter()
     try:
         directory = ensure_export(settings, force=args.force)
@@ -69,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"export: {directory} ({time.perf_counter() - started:.1f}s)")
     if args.no_gate:
         return 0
-    return gate_cli.main(["--write-decision"] + ([] if args.texts is None else ["--texts", str(args.texts)]))
+    return gate_cli.main(["--write-decision", *_gate_options(args.texts, args.backends)])
 
 
-def prepare(settings: WorkerSettings, texts: int | None = None) -> int:
+def _gate_options(texts: int | None, backends: list[str] | None) -> list[str]:
+    return (([] if texts is None else ["--texts", str(texts)])
+            + ([] if backends is None else ["--backends", ",".join(backends)]))
+
+
+def prepare(settings: WorkerSettings, texts: int | None = None, backends: list[str] | None = None) -> int:
     """Make what `settings.backend` needs, if it is missing; 0 when the workers can start."""
     name = settings.backend
     if name == "auto":
@@ -82,7 +91,7 @@ def prepare(settings: WorkerSettings, texts: int | None = None) -> int:
                   f"(nothing to do)", flush=True)
             return 0
         print(f"prepare: auto: {decision}; exporting, then gating (minutes on a full-size model)", flush=True)
-        return main(["--texts", str(texts)] if texts is not None else [])
+        return main(_gate_options(texts, backends))
     if name.startswith("onnx"):
         started = time.perf_counter()
         try:

@@ -362,13 +362,24 @@ def test_export_command_gate_writes_the_decision(exported: WorkerSettings, tmp_p
     monkeypatch.setenv("TOXFLEET_CHECKPOINT", str(settings.checkpoint))
     monkeypatch.setenv("TOXFLEET_HF_CONFIG", str(settings.hf_config))
     monkeypatch.setenv("TOXFLEET_EXPORT_DIR", str(settings.export_dir))
-    assert export.main(["--texts", "48"]) == 0
+    assert export.main(["--texts", "48", "--backends", "onnx,onnx-int8,torch-int8"]) == 0
     out = capsys.readouterr().out
     assert "| onnx | fp32 |" in out and "auto -> " in out
     decision = Decision.read(directory)
+    assert [r["backend"] for r in decision.rows] == ["torch", "onnx", "onnx-int8", "torch-int8"]
     passed = [r for r in decision.rows if r["passed"]]
     assert decision.chosen == max(passed, key=lambda r: r["texts_per_s"])["backend"]
     assert export.main(["--check"]) == 0
+
+
+def test_export_command_refuses_an_unknown_backend_before_exporting(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo in `--backends` is a usage error naming the candidates, raised before any export starts."""
+    with pytest.raises(SystemExit) as exit_info:
+        export.main(["--out", str(tmp_path / "exports"), "--backends", "onnx,onnx_int8"])
+    assert exit_info.value.code == 2
+    assert "onnx_int8: not among torch-compiled," in capsys.readouterr().err
+    assert not (tmp_path / "exports").exists()
 
 
 def test_onnx_backend_runs_without_torch(exported: WorkerSettings) -> None:

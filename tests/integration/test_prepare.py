@@ -1,6 +1,8 @@
 """`python -m worker.export --prepare` (what `make run` runs before the workers): on the tiny
-checkpoint with a private export directory, as separate processes, exactly as scripts/run.sh calls it;
-then a real worker that `auto` gave the chosen backend reports it, with its gate figures, in `/readyz`."""
+checkpoint with a private export directory, as separate processes, as scripts/run.sh calls it but on a
+smaller corpus and without the compiled candidates (tracing them costs tens of seconds each; the image
+step's test in test_backends gates them all); then a real worker that `auto` gave the chosen backend
+reports it, with its gate figures, in `/readyz`."""
 
 from __future__ import annotations
 
@@ -17,11 +19,15 @@ from testing.services import start_api, start_worker
 from worker.exports.artifacts import DECISION_FILE
 from worker.gate.decision import Decision
 
+GATED = ("onnx", "onnx-int8", "torch-int8")
+"""The candidates these tests gate: quick to load, and fp32 and int8 both among them."""
+
 
 def _prepare(env: dict[str, str], **extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "worker.export", "--prepare", "--texts", "64"], cwd=ROOT,
-                          env={**env, **extra}, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "worker.export", "--prepare", "--texts", "64",
+                           "--backends", ",".join(GATED)], cwd=ROOT, env={**env, **extra}, capture_output=True,
+                          text=True, timeout=600)
     return done, time.perf_counter() - started
 
 
@@ -38,7 +44,8 @@ def test_auto_prepares_once_then_says_cached(tiny_checkpoint: tuple[Path, Path],
     assert first.returncode == 0, first.stdout + first.stderr
     assert "exporting, then gating" in first.stdout and "auto -> " in first.stdout, first.stdout
     assert "gate: reference torch" in first.stderr  # progress while it runs
-    assert list((tmp_path / "exports").glob(f"*/{DECISION_FILE}"))
+    (directory,) = [p.parent for p in (tmp_path / "exports").glob(f"*/{DECISION_FILE}")]
+    assert [r["backend"] for r in Decision.read(directory).rows] == ["torch", *GATED]
     second, second_s = _prepare(env)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "cached decision" in second.stdout and "nothing to do" in second.stdout, second.stdout

@@ -25,18 +25,28 @@ from worker.gate.fidelity import CANDIDATES, DEFAULT_TEXTS, choose, format_table
 from worker.settings import WorkerSettings
 
 
+def backend_list(value: str) -> list[str]:
+    """`--backends`' value as candidate names (the reference, always gated, dropped); a typo is a usage error."""
+    names = [b for b in value.split(",") if b and b != "torch"]
+    unknown = [b for b in names if b not in CANDIDATES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not among {', '.join(CANDIDATES)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.gate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=DEFAULT_TEXTS, help=f"corpus size (default {DEFAULT_TEXTS})")
-    parser.add_argument("--backends", default=",".join(CANDIDATES), help="comma-separated backends to gate")
+    parser.add_argument("--backends", type=backend_list, default=list(CANDIDATES),
+                        help="comma-separated backends to gate (default: all of them)")
     parser.add_argument("--require", default="", help="comma-separated backends that must pass (exit 1 otherwise)")
     parser.add_argument("--write-decision", action="store_true",
                         help="record the table and the fastest passing backend for TOXFLEET_BACKEND=auto")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     settings = WorkerSettings()
-    backends = [b for b in args.backends.split(",") if b and b != "torch"]
+    backends = args.backends
     required = [b for b in args.require.split(",") if b]
     if args.write_decision or any(b.startswith("onnx") for b in backends):
         ensure_export(settings)
