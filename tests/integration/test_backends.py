@@ -10,17 +10,19 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from testing import ROOT, start_worker
 from tests.cpu import needs_exact_int8
 from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
 from worker.backends.compiled import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, TorchCompiledBackend
+from worker.backends.reduced import TorchBf16Backend
 from worker.cpus import cpu_flags, kernel_signature
 from worker.exports import artifacts, build
 from worker.exports.artifacts import ExportError
@@ -525,6 +527,42 @@ def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does
     assert counters["stats"]["unique_graphs"] == graphs
     assert 0 < row.mean_abs <= 1.25 * eager.mean_abs, (row, eager)
     assert row.min_spearman >= eager.min_spearman - 0.01, (row, eager)
+    assert isinstance(backend, TorchBf16CompiledBackend)
+    weights = {name: module.weight.dtype for name, module in _linears(backend._model._orig_mod)}
+    assert {name for name, dtype in weights.items() if dtype == torch.float32} == _head(weights), weights
+    assert len(_head(weights)) == 2 and set(weights.values()) == {torch.float32, torch.bfloat16}, weights
+
+
+def _linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+
+
+def _head(names: Iterable[str]) -> set[str]:
+    """The Linear layers of `reduced.FP32_HEAD`: the pooler's and the classifier's."""
+    return {name for name in names if "pooler" in name.split(".")[-2:] or name.startswith("classifier")}
+
+
+@pytest.mark.skipif(TorchBf16Backend.unavailable() is not None,
+                    reason=f"torch-bf16: {TorchBf16Backend.unavailable()}")
+def test_bf16_keeps_the_classification_head_in_fp32(exported: WorkerSettings) -> None:
+    """Under `torch-bf16`'s autocast every Linear layer computes in bf16 but the pooler's and the
+    classifier's, which stay fp32: their rounding would reach the scores undamped (`reduced.FP32_HEAD`)."""
+    from worker.backends.loader import load_backend
+
+    backend = load_backend("torch-bf16", exported)
+    assert isinstance(backend, TorchBf16Backend)
+    seen: dict[str, torch.dtype] = {}
+
+    def record(name: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
+            seen[name] = output.dtype  # None returned: a forward hook's non-None result replaces the output
+        return hook
+
+    for name, module in _linears(backend._model):
+        module.register_forward_hook(record(name))
+    backend.predict(backend.tokenize(["a short text", "and a longer one, with a comma"]))
+    assert {name for name, dtype in seen.items() if dtype == torch.float32} == _head(seen), seen
+    assert len(_head(seen)) == 2 and set(seen.values()) == {torch.float32, torch.bfloat16}, seen
 
 
 @pytest.mark.parametrize("backend_class", [TorchCompiledBackend, TorchBf16CompiledBackend])

@@ -64,14 +64,16 @@ class TorchCompiledBackend(TorchBackend):
 
 
 class TorchBf16CompiledBackend(TorchCompiledBackend, TorchBf16Backend):
-    """`torch-bf16`, compiled: the Linear weights stored in bf16 once (autocast re-casts fp32 weights
-    on every call, and would cast these to the same values), then compiled as `torch-compiled` is, so
-    predictions run under `torch-bf16`'s autocast and it needs both a compiler and bf16 units."""
+    """`torch-bf16`, compiled: the Linear weights outside its fp32 head stored in bf16 once (autocast
+    re-casts fp32 weights on every call, and would cast these to the same values), then compiled as
+    `torch-compiled` is, so predictions run under `torch-bf16`'s autocast and it needs both a compiler
+    and bf16 units."""
 
     name = "torch-bf16-compiled"
 
     def _prepare_weights(self) -> None:
         torch = self._torch
+        kept = {id(m) for head in self._fp32_modules for m in head.modules()}
         for module in self._model.modules():
-            if isinstance(module, torch.nn.Linear):
+            if isinstance(module, torch.nn.Linear) and id(module) not in kept:
                 module.to(torch.bfloat16)
