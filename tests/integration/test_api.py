@@ -345,6 +345,8 @@ def test_the_broker_reuses_one_redis_client_per_channel(clean_redis: RedisServer
         assert channel._create_client() is channel._create_client()
     send_messages(celery, [Messages("0" * 32, [["a"], ["b"]], None, time.time())])
     assert clean_redis.client().llen(contract.QUEUE) == 2
+    # Sent by queue name, nothing declared on the way (kombu records a declared queue's binding).
+    assert clean_redis.client().keys("_kombu.binding.*") == []
 
 
 def test_concurrent_submits_share_one_send(clean_redis: RedisServer) -> None:
