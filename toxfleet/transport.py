@@ -11,6 +11,10 @@ Acks also go together: kombu acks each message with its own pipeline (ZREM and H
 round trip), and a worker that finishes a batch of n requests acks n messages in the same iteration of
 its event loop; they are held and removed from the unacked index in one pipeline at its end, just
 before kombu decides which channels may fetch (`_Poller.on_poll_start`): an ack frees a prefetch slot.
+Deliveries go in the same pipeline: kombu copies each message it pops into the unacked hash with a
+pipeline of its own (ZADD and HSET, a round trip per message, ≈ 20 % of the worker's main process per
+job on the tiny checkpoint); held, they land at the end of the iteration that delivered them, before
+its acks, and before anything that reads them back (a reject, a restore, the channel's close).
 
 `SentinelTransport` does the same over kombu's Sentinel transport: its channel's pool is the one
 redis-py's Sentinel keeps for the current master (a connection asks the sentinels where the master
@@ -24,7 +28,8 @@ takes only the messages of a consumer that stopped renewing them: a dead one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -33,36 +38,112 @@ from kombu.transport import virtual
 logger = logging.getLogger(__name__)
 
 
+class _Held:
+    """What kombu's `QoS.append` gets as its pipeline while deliveries are held: it queues the
+    commands on the iteration's pipeline and leaves them there when kombu calls `execute()`. kombu
+    still writes its own unacked record; only the round trip moves (if a kombu version stops asking
+    `pipe_or_acquire` for that pipeline, its deliveries simply go at once again)."""
+
+    def __init__(self, pipe: Any) -> None:
+        self._pipe = pipe
+
+    def __getattr__(self, name: str) -> Any:
+        command = getattr(self._pipe, name)
+
+        def queue(*args: Any, **kwargs: Any) -> _Held:
+            command(*args, **kwargs)
+            return self
+
+        return queue
+
+    def execute(self) -> None:
+        return None
+
+
 class QoS(kombu_redis.QoS):  # type: ignore[misc]
     """kombu's Redis ack emulation; on a transport driven by an event loop (the worker's consumer),
-    acks are held and sent together once per loop iteration (`flush_acks`)."""
+    deliveries and acks are held and sent together once per loop iteration (`flush_acks`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._held_acks: list[str] = []
+        self._deliveries: Any = None  # the pipeline holding this iteration's unacked records
+        self._holding = False  # inside kombu's append, whose pipeline is then `_deliveries`
+
+    def _per_tick(self) -> bool:
+        return bool(getattr(self.channel.connection, "acks_per_tick", False))
+
+    @contextmanager
+    def pipe_or_acquire(self, pipe: Any = None, client: Any = None) -> Iterator[Any]:
+        if pipe is None and self._holding:
+            if self._deliveries is None:
+                with self.channel.conn_or_acquire(client) as conn:
+                    self._deliveries = conn.pipeline()
+            yield _Held(self._deliveries)
+            return
+        with super().pipe_or_acquire(pipe, client) as acquired:
+            yield acquired
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if not self._per_tick():
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
+            return
+        self._holding = True
+        try:
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
+        finally:
+            self._holding = False
 
     def ack(self, delivery_tag: str) -> None:
-        if getattr(self.channel.connection, "acks_per_tick", False):
+        if self._per_tick():
             self._held_acks.append(delivery_tag)
         else:
+            self.flush_deliveries()
             super().ack(delivery_tag)  # type: ignore[no-untyped-call]
 
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        self.flush_deliveries()  # a requeue reads the unacked record back
+        super().reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
+
+    def restore_unacked(self, client: Any = None) -> None:
+        self.flush_deliveries()
+        super().restore_unacked(client)  # type: ignore[no-untyped-call]
+
+    def flush_deliveries(self) -> None:
+        """Send the held unacked records (see `flush_acks`)."""
+        pipe, self._deliveries = self._deliveries, None
+        if pipe is not None:
+            pipe.execute()
+
     def flush_acks(self) -> None:
-        """Remove the held acks' messages from the unacked index in one pipeline. Holding an ack back
-        is always safe: until it lands the message is still unacked in Redis, and at worst (the
-        process dies in between, or Redis is away) it is restored and delivered again, as any unacked
-        message is; the worker skips a request whose result is already stored."""
+        """Write the held deliveries' unacked records, then remove the held acks' messages from the
+        unacked index, in one pipeline. Holding an ack back is always safe: until it lands the message
+        is still unacked in Redis, and at worst (the process dies in between, or Redis is away) it is
+        restored and delivered again, as any unacked message is; the worker skips a request whose
+        result is already stored. Holding a delivery's record to the end of its iteration widens
+        kombu's own gap between the pop and the record (a worker killed in it loses the popped
+        message) from one round trip to one iteration: `worker.sweeper` re-sends such a message."""
         held, self._held_acks = self._held_acks, []
-        if not held:
+        pipe, self._deliveries = self._deliveries, None
+        if not held and pipe is None:
             return
         try:
-            with self.pipe_or_acquire() as pipe:
-                pipe.zrem(self.unacked_index_key, *held).hdel(self.unacked_key, *held).execute()
+            if pipe is None:
+                with self.pipe_or_acquire() as pipe:
+                    pipe.zrem(self.unacked_index_key, *held).hdel(self.unacked_key, *held).execute()
+            else:
+                if held:
+                    pipe.zrem(self.unacked_index_key, *held).hdel(self.unacked_key, *held)
+                pipe.execute()
         except Exception as exc:  # as kombu's Message.ack_log_error: logged, and the messages come back
-            logger.error("could not ack %d messages (%r); Redis delivers them again", len(held), exc)
-        # The consumer's prefetch count is released either way.
-        for tag in held:
-            virtual.QoS.ack(self, tag)  # type: ignore[no-untyped-call]
+            # The acked messages come back; a delivered one without its record is re-sent by the
+            # sweeper if this worker dies before acking it (as when kombu's own append fails).
+            logger.error("could not write this loop iteration's deliveries and %d acks (%r); Redis delivers "
+                         "the acked messages again", len(held), exc)
+        finally:
+            # The consumer's prefetch count is released either way.
+            for tag in held:
+                virtual.QoS.ack(self, tag)  # type: ignore[no-untyped-call]
 
 
 class _SharedClient:

@@ -91,3 +91,52 @@ def test_an_ack_frees_its_prefetch_slot_before_the_loop_decides_to_fetch(clean_r
             assert channel.qos.can_consume()
             assert channel._in_poll, f"the ack freed the slot, yet no BRPOP was sent in this iteration ({ticks})"
         hub.close()
+
+
+def test_deliveries_in_a_loop_iteration_are_recorded_with_its_acks_in_one_round_trip(
+        clean_redis: RedisServer) -> None:
+    """kombu records each popped message in the unacked hash (a ZADD and an HSET, its own MULTI/EXEC);
+    on a loop-driven connection those of one iteration wait for its end and go in the pipeline of
+    its acks: one MULTI/EXEC for all of them, kombu's record unchanged."""
+    hub = Hub()
+    with Connection(clean_redis.url, transport=Transport) as conn:
+        acked = _three_delivered(conn)  # recorded at once: no loop yet
+        channel = conn.default_channel
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        _publish(conn, 2)
+        channel.basic_qos(prefetch_size=0, prefetch_count=5, apply_global=False)
+        r = clean_redis.client()
+        r.config_resetstat()
+        fresh = [channel.basic_get("q") for _ in range(2)]
+        for m in acked:
+            m.ack()  # type: ignore[attr-defined]
+        assert r.hlen("unacked") == 3  # neither the two records nor the three acks sent yet
+        for tick in list(hub.on_tick):
+            tick()
+        tags = {m.delivery_tag for m in fresh}  # type: ignore[attr-defined]
+        assert set(r.hkeys("unacked")) == {t.encode() for t in tags} == set(r.zrange("unacked_index", 0, -1))
+        stats = r.info("commandstats")
+        assert stats["cmdstat_exec"]["calls"] == 1 and stats["cmdstat_hset"]["calls"] == 2, stats
+        # kombu's own record: what a restore reads back.
+        channel.basic_reject(fresh[0].delivery_tag, requeue=True)  # type: ignore[attr-defined]
+        assert r.llen("q") == 1
+    hub.close()
+
+
+def test_a_held_delivery_is_recorded_before_anything_reads_it_back(clean_redis: RedisServer) -> None:
+    """A reject (requeue) or the channel's close in the iteration that delivered the message finds
+    its unacked record: nothing popped is dropped for want of it."""
+    hub = Hub()
+    with Connection(clean_redis.url, transport=Transport) as conn:
+        _publish(conn, 3)
+        channel = conn.default_channel
+        channel.basic_qos(prefetch_size=0, prefetch_count=3, apply_global=False)
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        messages = [channel.basic_get("q") for _ in range(3)]
+        r = clean_redis.client()
+        assert r.hlen("unacked") == 0 and r.llen("q") == 0
+        channel.basic_reject(messages[0].delivery_tag, requeue=True)  # type: ignore[attr-defined]
+        assert r.llen("q") == 1 and r.hlen("unacked") == 2
+        channel.close()  # kombu restores the two still unacked
+    assert r.hlen("unacked") == 0 and r.llen("q") == 3
+    hub.close()
