@@ -14,6 +14,8 @@ from api.deps import Caller, CallerDep
 from api.errors import ScoringFailed, ScoringTimeout
 from api.routes.jobs import check_texts
 from api.schemas import BODY_TOO_LARGE, OVERLOADED, UNAUTHORIZED, UNAVAILABLE, VALIDATION, problem_responses
+from api.services.submit import new_job_id
+from toxfleet import contract
 
 router = APIRouter(tags=["compatibility"])
 
@@ -30,8 +32,11 @@ _ERRORS = problem_responses({
 
 async def _score(texts: list[str], caller: Caller) -> list[dict[str, float]]:
     settings, services = caller.settings, caller.services
-    job_id = (await services.submit.submit(texts, owner=caller.key)).job_id
-    view = await services.read.get(job_id, wait=settings.compat_timeout, owner=caller.key)
+    job_id = new_job_id()
+    # Watched before it is sent, so that waiting for it needs no first read of its results.
+    async with services.read.expecting(job_id, len(contract.chunk(texts))) as finished:
+        submitted = await services.submit.submit(texts, owner=caller.key, job_id=job_id)
+        view = await finished(settings.compat_timeout, caller.key, submitted.status == "queued")
     if view.status == "failed":
         raise ScoringFailed(view.error or "scoring failed")
     if view.results is None:

@@ -6,11 +6,12 @@ every result it stores), so a long-poll answers the moment the last chunk lands,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +23,7 @@ from api.coalescer import pipelined
 from api.errors import BrokerUnavailable, JobNotFound
 from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
-from api.waiter import RESYNC, ResultWaiter
+from api.waiter import RESYNC, Queue, ResultWaiter
 from toxfleet import contract, keys, logs, meta
 from toxfleet.meta import Meta
 from toxfleet.thresholds import Thresholds
@@ -67,6 +68,11 @@ class JobView:
         return self.status in ("succeeded", "failed")
 
 
+Finished = Callable[[float, str | None, bool], Awaitable[JobView]]
+"""`await finished(wait, owner, sent)`: the job `ReadService.expecting` watches, once finished or
+after `wait` seconds."""
+
+
 class ReadService:
     """Job views and long-polls. One per process; cheap to share across requests."""
 
@@ -85,13 +91,48 @@ class ReadService:
         logs.bind_job(job_id)
         try:
             manifest = await self._manifest(job_id, owner)
-            result_keys = [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(len(manifest["chunks"]))]
+            result_keys = self._keys(job_id, len(manifest["chunks"]))
             if wait <= 0:
                 view = self._view(job_id, manifest, await self._metas(result_keys))
             else:
-                view = await self._wait(job_id, manifest, result_keys, wait)
+                async with self._waiter.watching(result_keys) as queue:
+                    # Subscribed (confirmed), then read: a result stored in between is seen by one or the other.
+                    metas = await self._metas(result_keys)
+                    view = await self._wait(job_id, manifest, result_keys, queue, metas, wait)
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+        return self._reported(view)
+
+    @contextlib.asynccontextmanager
+    async def expecting(self, job_id: str, chunks: int) -> AsyncIterator[Finished]:
+        """Watch the results of a job not submitted yet, `chunks` messages long: submit it inside the
+        block (`SubmitService.submit(job_id=...)`), then `await finished(wait, owner, sent)`. With
+        `sent` (the submit sent its messages), nothing of the job can have been stored before the
+        watch began, so the wait starts without reading the results: the compatibility endpoints'
+        one read per request fewer (`get` must read them: its job may have finished before its
+        watch began). Without it (the score cache answered the submit) they are read first."""
+        result_keys = self._keys(job_id, chunks)
+        try:
+            async with self._waiter.watching(result_keys) as queue:
+                async def finished(wait: float, owner: str | None, sent: bool) -> JobView:
+                    logs.bind_job(job_id)
+                    try:
+                        manifest = await self._manifest(job_id, owner)
+                        metas: list[Meta | None] = [None] * chunks if sent else await self._metas(result_keys)
+                        view = await self._wait(job_id, manifest, result_keys, queue, metas, wait)
+                    except RedisError as exc:
+                        raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+                    return self._reported(view)
+
+                yield finished
+        except RedisError as exc:  # no subscription confirmed by Redis
+            raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
+
+    def _keys(self, job_id: str, chunks: int) -> list[bytes]:
+        return [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(chunks)]
+
+    def _reported(self, view: JobView) -> JobView:
+        job_id = view.id
         if view.finished:
             # On each read of a finished job (the API learns that a job finished only when asked): the
             # request's access line carries the outcome; a failure also gets a line, with its error.
@@ -169,22 +210,24 @@ class ReadService:
             raise self._not_found(job_id)
         return [meta.parse(v) for v in values]
 
-    async def _wait(self, job_id: str, manifest: dict[str, Any], result_keys: list[bytes], wait: float) -> JobView:
+    async def _wait(self, job_id: str, manifest: dict[str, Any], result_keys: list[bytes], queue: Queue,
+                    metas: list[Meta | None], wait: float) -> JobView:
+        """From `metas` (the results as of when `queue` began to watch them) until the job is finished
+        or `wait` seconds have passed."""
         deadline = time.monotonic() + wait
-        async with self._waiter.watching(result_keys) as queue:
-            # Subscribed (confirmed), then read: a result stored in between is seen by one or the other.
-            metas = await self._metas(result_keys)
-            index = {k: i for i, k in enumerate(result_keys)}
+        index = {k: i for i, k in enumerate(result_keys)}
+        view = self._view(job_id, manifest, metas)
+        while not view.finished and (remaining := deadline - time.monotonic()) > 0:
+            try:
+                # Not `wait_for`: on 3.11 it wraps the get in a task of its own, per wake-up.
+                async with asyncio.timeout(min(remaining, RECHECK_SECONDS)):
+                    item = await queue.get()
+            except TimeoutError:
+                item = RESYNC
+            if item is RESYNC:
+                metas = await self._recheck(job_id, result_keys)
+            else:
+                key, value = item
+                metas[index[key]] = meta.parse(value)
             view = self._view(job_id, manifest, metas)
-            while not view.finished and (remaining := deadline - time.monotonic()) > 0:
-                try:
-                    item = await asyncio.wait_for(queue.get(), min(remaining, RECHECK_SECONDS))
-                except TimeoutError:
-                    item = RESYNC
-                if item is RESYNC:
-                    metas = await self._recheck(job_id, result_keys)
-                else:
-                    key, value = item
-                    metas[index[key]] = meta.parse(value)
-                view = self._view(job_id, manifest, metas)
-            return view
+        return view

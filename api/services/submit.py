@@ -35,6 +35,10 @@ from toxfleet.thresholds import Thresholds
 logger = logging.getLogger(__name__)
 
 
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
 class Submitted(NamedTuple):
     job_id: str
     created: bool
@@ -58,12 +62,13 @@ class SubmitService:
     async def submit(self, texts: list[str], idempotency_key: str | None = None,
                      fingerprint: str = "", long_text: str = contract.TRUNCATE,
                      thresholds: Thresholds | None = None, owner: str | None = None,
-                     priority: str = contract.INTERACTIVE) -> Submitted:
+                     priority: str = contract.INTERACTIVE, job_id: str | None = None) -> Submitted:
         """Enqueue a job; returns `(job_id, created, status)`. With an idempotency key seen before (and the
         same request `fingerprint`), returns the earlier job instead, `created` False. `owner` (the
         caller's key id, a hash, never the key) is stored with the job and scopes the idempotency key. A job whose
-        texts are all in the score cache is stored as succeeded at once, and no worker sees it."""
-        job_id = uuid.uuid4().hex
+        texts are all in the score cache is stored as succeeded at once, and no worker sees it. `job_id`
+        (one of `new_job_id`'s) is the id to give a new job, for a caller that watches it before it exists."""
+        job_id = job_id or new_job_id()
         chunks = contract.chunk(texts, long_text=long_text)
         # The default mode sends no keyword at all: the message stays what every worker version reads.
         kwargs = {"long_text": long_text} if long_text != contract.TRUNCATE else None

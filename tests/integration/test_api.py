@@ -17,6 +17,7 @@ from api.main import create_app
 from api.settings import ApiSettings
 from testing import RedisServer, free_port
 from toxfleet import contract, keys, meta
+from toxfleet.cache import ScoreCache, namespace
 from toxfleet.transport import Transport
 
 
@@ -333,6 +334,45 @@ def test_a_published_result_wakes_the_long_poll(client: TestClient, redis_server
         body = poll.result().json()
     assert body["status"] == "succeeded" and body["results"] == [scores], body
     assert r.get(f"celery-task-meta-{task_id}") is None  # not stored: the pub/sub message answered
+
+
+def test_get_toxicity_waits_for_the_result_without_reading_it(client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """`GET /toxicity` watches its job before sending it, so nothing can be stored before the watch
+    began: the published result answers it, and no MGET of the results was sent (the one read the
+    compatibility endpoints save per request)."""
+    import concurrent.futures
+
+    r = redis_server.client()
+    r.config_resetstat()
+    scores = dict.fromkeys(contract.LABELS, 0.25)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(client.get, "/toxicity", params={"q": "hello"})
+        while not (queued := r.lrange(contract.QUEUE, 0, -1)):
+            time.sleep(0.01)
+        task_id = json.loads(queued[0])["headers"]["id"]
+        stored = json.dumps(meta.build(meta.SUCCESS, [scores], task_id=task_id, date_done=None, extra={"model": "m"}))
+        r.publish(f"celery-task-meta-{task_id}", stored)  # once: the watch began before the message existed
+        response = answer.result(timeout=5)
+    assert response.status_code == 200 and response.json() == scores, response.text
+    assert "cmdstat_mget" not in r.info("commandstats")
+
+
+def test_get_toxicity_answered_by_the_score_cache_reads_what_the_submit_stored(clean_redis: RedisServer) -> None:
+    """A text the score cache holds is answered at submit (stored, never published, no worker): the
+    compatibility wait then reads the results at once instead of waiting for a message."""
+    r = clean_redis.client()
+    pipe = r.pipeline()
+    keys.Heartbeat("w@test", model="m", backend="torch", cache=True).write(pipe, time.time())
+    pipe.execute()
+    scores = dict.fromkeys(contract.LABELS, 0.5)
+    ScoreCache(r).put(namespace("m", "torch", contract.TRUNCATE), ["cached text"], [scores])
+    with TestClient(create_app(ApiSettings(redis_url=clean_redis.url, cache=True, compat_timeout=5))) as c:
+        t0 = time.monotonic()
+        response = c.get("/toxicity", params={"q": "cached text"})
+        took = time.monotonic() - t0
+    assert response.status_code == 200 and response.json() == scores, response.text
+    assert took < 0.9, f"{took:.2f} s: waited for the long-poll's recheck instead of reading"  # RECHECK_SECONDS is 1
+    assert r.llen(contract.QUEUE) == 0
 
 
 def test_the_broker_reuses_one_redis_client_per_channel(clean_redis: RedisServer) -> None:
