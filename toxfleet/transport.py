@@ -73,12 +73,17 @@ class QoS(kombu_redis.QoS):  # type: ignore[misc]
     def _per_tick(self) -> bool:
         return bool(getattr(self.channel.connection, "acks_per_tick", False))
 
+    def _pipeline(self, client: Any = None) -> Any:
+        """A new pipeline, as kombu's `pipe_or_acquire` makes one (a channel's client holds nothing
+        to release: the pipeline may outlive the `with`)."""
+        with self.channel.conn_or_acquire(client) as conn:
+            return conn.pipeline()
+
     @contextmanager
     def pipe_or_acquire(self, pipe: Any = None, client: Any = None) -> Iterator[Any]:
         if pipe is None and self._holding:
             if self._deliveries is None:
-                with self.channel.conn_or_acquire(client) as conn:
-                    self._deliveries = conn.pipeline()
+                self._deliveries = self._pipeline(client)
             yield _Held(self._deliveries)
             return
         with super().pipe_or_acquire(pipe, client) as acquired:
@@ -97,8 +102,7 @@ class QoS(kombu_redis.QoS):  # type: ignore[misc]
     def ack(self, delivery_tag: str) -> None:
         if self._per_tick():
             self._held_acks.append(delivery_tag)
-        else:
-            self.flush_deliveries()
+        else:  # deliveries are held only per tick too: none waits here
             super().ack(delivery_tag)  # type: ignore[no-untyped-call]
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
@@ -128,13 +132,10 @@ class QoS(kombu_redis.QoS):  # type: ignore[misc]
         if not held and pipe is None:
             return
         try:
-            if pipe is None:
-                with self.pipe_or_acquire() as pipe:
-                    pipe.zrem(self.unacked_index_key, *held).hdel(self.unacked_key, *held).execute()
-            else:
-                if held:
-                    pipe.zrem(self.unacked_index_key, *held).hdel(self.unacked_key, *held)
-                pipe.execute()
+            pipe = pipe if pipe is not None else self._pipeline()
+            if held:
+                pipe.zrem(self.unacked_index_key, *held).hdel(self.unacked_key, *held)
+            pipe.execute()
         except Exception as exc:  # as kombu's Message.ack_log_error: logged, and the messages come back
             # The acked messages come back; a delivered one without its record is re-sent by the
             # sweeper if this worker dies before acking it (as when kombu's own append fails).

@@ -112,20 +112,18 @@ class ReadService:
         one read per request fewer (`get` must read them: its job may have finished before its
         watch began). Without it (the score cache answered the submit) they are read first."""
         result_keys = self._keys(job_id, chunks)
+
+        async def finished(wait: float, owner: str | None, sent: bool) -> JobView:
+            logs.bind_job(job_id)
+            manifest = await self._manifest(job_id, owner)
+            metas: list[Meta | None] = [None] * chunks if sent else await self._metas(result_keys)
+            return self._reported(await self._wait(job_id, manifest, result_keys, queue, metas, wait))
+
         try:
             async with self._waiter.watching(result_keys) as queue:
-                async def finished(wait: float, owner: str | None, sent: bool) -> JobView:
-                    logs.bind_job(job_id)
-                    try:
-                        manifest = await self._manifest(job_id, owner)
-                        metas: list[Meta | None] = [None] * chunks if sent else await self._metas(result_keys)
-                        view = await self._wait(job_id, manifest, result_keys, queue, metas, wait)
-                    except RedisError as exc:
-                        raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
-                    return self._reported(view)
-
                 yield finished
-        except RedisError as exc:  # no subscription confirmed by Redis
+        # The subscription's, and those of the block's `finished`, which runs inside the watch.
+        except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
 
     def _keys(self, job_id: str, chunks: int) -> list[bytes]:
