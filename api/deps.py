@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
 
-from api.auth import bearer, check_key
+from api.auth import check_key
 from api.services.fleet import FleetService
 from api.services.wiring import Services
 from api.settings import ApiSettings
@@ -34,19 +35,22 @@ class Caller:
     key: str | None
 
 
-async def get_caller(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
-) -> Caller:
+async def get_caller(request: Request) -> Caller:
     """401 without a valid key (when keys are configured), 429 over the key's rate limit."""
     settings: ApiSettings = request.app.state.settings
     services: Services = request.app.state.services
-    return Caller(settings, services, await check_key(request, settings, services.redis, credentials))
+    return Caller(settings, services, await check_key(request, settings, services.redis))
 
 
 async def get_fleet(request: Request) -> FleetService:
     services: Services = request.app.state.services
     return services.fleet
+
+
+def keyed_operations(routes: list[BaseRoute]) -> set[tuple[str, str]]:
+    """The (path, method) of every route that takes `CallerDep`: the ones API keys guard."""
+    return {(route.path, method.lower()) for route in routes if isinstance(route, APIRoute)
+            if any(dep.call is get_caller for dep in route.dependant.dependencies) for method in route.methods or ()}
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]

@@ -7,10 +7,13 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from api.auth import key_id
+from api.deps import get_caller
 from api.main import create_app
+from api.routes import jobs
 from api.settings import ApiSettings
 from testing import RedisServer
 from toxfleet import contract, keys
@@ -35,6 +38,19 @@ def test_keys_required_when_configured(keyed: TestClient) -> None:
     assert keyed.get("/v1/jobs/" + "0" * 32).status_code == 401
     ok = keyed.post("/v1/jobs", json={"texts": ["a"]}, headers={"Authorization": f"Bearer {KEY}"})
     assert ok.status_code == 202
+
+
+def test_key_read_from_the_header_as_bearer_would(keyed: TestClient) -> None:
+    """The key is read from the header without FastAPI's HTTPBearer dependency (issue 11), with its rules:
+    the scheme in any case, another scheme or an empty token refused, and no sub-dependency left to solve."""
+    def submit(authorization: str) -> int:
+        return keyed.post("/v1/jobs", json={"texts": ["a"]}, headers={"Authorization": authorization}).status_code
+
+    assert [submit(f"{scheme} {KEY}") for scheme in ("Bearer", "bearer", "BEARER")] == [202] * 3
+    assert [submit(value) for value in (f"Basic {KEY}", "Bearer ", "Bearer")] == [401] * 3
+    route = next(r for r in jobs.router.routes if isinstance(r, APIRoute) and r.endpoint is jobs.submit_job)
+    caller = next(d for d in route.dependant.dependencies if d.call is get_caller)
+    assert caller.dependencies == []
 
 
 def test_health_and_docs_stay_open(keyed: TestClient) -> None:
