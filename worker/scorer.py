@@ -98,6 +98,14 @@ def measure_pass_overhead(backend: Backend, max_tokens: int, seconds: float = PR
     return max(1, min(max_tokens, round(t_short / per_token - short)))
 
 
+def planned(backend: Backend, max_tokens: int, max_texts: int, overhead: int | None) -> Scorer:
+    """A Scorer that plans passes with `overhead`, or, when it is None, with the backend's own cost of a
+    pass, timed now (`measure_pass_overhead`): what a worker process scores with."""
+    if overhead is None:
+        overhead = measure_pass_overhead(backend, max_tokens)
+    return Scorer(backend, max_tokens, max_texts, overhead)
+
+
 class Scorer:
     """Scores texts with a backend, in length-sorted, padding-capped forward passes."""
 

@@ -10,7 +10,7 @@ import logging
 
 from worker.backends.loader import load_backend
 from worker.gate.selection import resolve_backend
-from worker.scorer import Scorer, measure_pass_overhead
+from worker.scorer import Scorer, planned
 from worker.settings import WorkerSettings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -25,10 +25,7 @@ def load_scorer(settings: WorkerSettings) -> Scorer:
     if settings.backend == "auto":
         logger.info("TOXFLEET_BACKEND=auto: using %s (%s)", name, reason)
     backend = load_backend(name, settings)
-    overhead = settings.pass_overhead_tokens
-    if overhead is None:
-        overhead = measure_pass_overhead(backend, settings.pass_tokens)
-    return Scorer(backend, settings.pass_tokens, settings.pass_texts, overhead)
+    return planned(backend, settings.pass_tokens, settings.pass_texts, settings.pass_overhead_tokens)
 
 
 def load(settings: WorkerSettings) -> Scorer:

@@ -26,7 +26,18 @@ from worker.backends.reduced import TorchBf16Backend
 from worker.cpus import cpu_flags, kernel_signature
 from worker.exports import artifacts, build
 from worker.exports.artifacts import ExportError
-from worker.gate.fidelity import FP32_BUDGET, REDUCED_BUDGET, compare, gate_texts, measure, run_gate, score
+from worker.gate.fidelity import (
+    FP32_BUDGET,
+    REDUCED_BUDGET,
+    SPEED_BATCH,
+    SPEED_TEXTS,
+    compare,
+    gate_texts,
+    measure,
+    run_gate,
+    score,
+    speed,
+)
 from worker.settings import WorkerSettings
 
 
@@ -51,8 +62,7 @@ def reference(exported: WorkerSettings) -> tuple[list[str], list[list[float]], l
 
     texts = gate_texts(96)
     backend = load_backend("torch", exported)
-    scores, _ = score(backend, texts, exported)
-    return texts, scores, backend.labels
+    return texts, score(backend, texts, exported), backend.labels
 
 
 def _copy_export(settings: WorkerSettings, tmp_path: Path) -> tuple[WorkerSettings, Path]:
@@ -115,6 +125,29 @@ def test_gate_passes_onnx_fp32_and_checks_the_reference(exported: WorkerSettings
     assert by_name["torch"].passed and by_name["torch"].max_abs <= FP32_BUDGET.max_abs
     assert by_name["onnx"].passed, by_name["onnx"]
     assert by_name["onnx"].max_abs <= FP32_BUDGET.max_abs and by_name["onnx"].flips == 0
+
+
+def test_gate_times_backends_in_worker_sized_batches(exported: WorkerSettings) -> None:
+    """The gate's texts/s comes from batches of `SPEED_BATCH` texts in corpus order, each planned into
+    passes with the backend's own cost of a pass, as a worker under load scores them; not from the
+    whole corpus sorted at once, the shape its fidelity passes have (issue 11)."""
+    from worker.backends.loader import load_backend
+
+    backend = load_backend("torch", exported)
+    texts = gate_texts(SPEED_TEXTS + 40)
+    passes: list[int] = []
+    predict = backend.predict
+
+    def recording(batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        passes.append(len(batch))
+        return predict(batch)
+
+    backend.predict = recording  # type: ignore[method-assign]
+    score(backend, texts, exported)
+    assert max(passes) > SPEED_BATCH  # the fidelity passes: the corpus sorted into full passes
+    passes.clear()
+    rate = speed(backend, texts, exported)  # its first passes: the one-text probes of a pass's cost
+    assert rate > 0 and max(passes) <= SPEED_BATCH and sum(passes) >= SPEED_TEXTS + SPEED_BATCH
 
 
 def test_gate_applies_the_reduced_budget_to_quantized_backends(exported: WorkerSettings) -> None:
