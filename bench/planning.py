@@ -56,5 +56,6 @@ def main(argv: list[str] | None = None) -> None:
         label = f"{o} (measured)" if o == measured else str(o)
         print(f"| {label} | {passes[o]} | {statistics.median(rates[o]):.2f} {[round(r, 1) for r in rates[o]]} |")
 
+
 if __name__ == "__main__":
     main()
