@@ -77,6 +77,8 @@ VARIANTS: dict[str, Variant] = {
     "no-hiredis": Variant(hide=("hiredis",), about="redis-py's pure-Python RESP parser instead of hiredis"),
     "one-process": Variant(env={"TOXFLEET_CONCURRENCY": "1"},
                            about="a pool of one process: batches twice as large at the same load"),
+    "pass-8192": Variant(env={"TOXFLEET_PASS_TOKENS": "8192"},
+                         about="forward passes of up to 8192 padded tokens (16 full-length texts) instead of 1024"),
     "cache-on": Variant(env={"TOXFLEET_CACHE": "true"}, about="score cache on (corpus cycles: mostly hits)"),
     "all-off": Variant(env={"TOXFLEET_METRICS_PORT": "0", "TOXFLEET_API_METRICS_PORT": "0"},
                        worker_args=QUIET + ("--without-gossip", "--without-mingle", "--without-heartbeat"),
