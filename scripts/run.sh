@@ -26,7 +26,9 @@ cleanup() {
   if [ -n "$redis_pid" ]; then kill -TERM "$redis_pid" 2>/dev/null || true; fi
   wait 2>/dev/null || true
 }
-trap cleanup INT TERM EXIT
+trap cleanup EXIT
+trap 'exit 130' INT  # the EXIT trap then stops everything
+trap 'exit 143' TERM
 
 if ! "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL"; then
   case "$REDIS_URL" in sentinel://*)  # a Sentinel group is the operator's to run, never started here
@@ -38,7 +40,13 @@ if ! "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL"; then
   # Persistent (append-only file): stopping and starting `make run` keeps the jobs still queued.
   setsid "$VENV/bin/python" -m scripts.redis_server --port "$port" --dir "${REDIS_DIR:-var/redis}" --persist &
   redis_pid=$!
-  for _ in $(seq 100); do "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL" && break; sleep 0.1; done
+  up=
+  for _ in $(seq 100); do
+    if "$VENV/bin/python" -m scripts.redis_ping "$REDIS_URL"; then up=1; break; fi
+    kill -0 "$redis_pid" 2>/dev/null || break  # it exited (a port taken, a bad REDIS_DIR): its message says why
+    sleep 0.1
+  done
+  if [ -z "$up" ]; then echo "run: the broker started here does not answer at $REDIS_URL; stopping" >&2; exit 1; fi
 fi
 
 if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
@@ -60,4 +68,12 @@ pids+=($!)
 pids+=($!)
 
 echo "run: API http://127.0.0.1:$API_PORT/docs  Flower http://127.0.0.1:$FLOWER_PORT  (Ctrl-C stops all)"
-wait -n
+# When one process exits, stop them all. Not `wait -n`: bash 5.2's misses a process that exited before
+# it was called (a port already taken), and the script would hang with half a fleet. Waiting on a sleep
+# keeps Ctrl-C prompt: a trapped signal ends `wait` at once.
+while :; do
+  for pid in "${pids[@]}" ${redis_pid:+"$redis_pid"}; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "run: process $pid exited; stopping the rest" >&2; exit 1; fi
+  done
+  sleep 1 & wait $!
+done

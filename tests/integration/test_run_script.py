@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,35 +66,59 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.slow
-def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
-    api_port, flower_port, redis_port, metrics_port = free_port(), free_port(), free_port(), free_port()
+def _env(tiny_checkpoint: tuple[Path, Path], tmp_path: Path, **settings: str) -> dict[str, str]:
+    """run.sh's environment for a fleet of one tiny worker on the wheel's broker; `settings` name the ports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
-    env.update(VENV=sys.prefix, REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", API_PORT=str(api_port),
-               FLOWER_PORT=str(flower_port), REDIS_DIR=str(tmp_path / "redis"), HF_HUB_OFFLINE="1",
+    env.update(VENV=sys.prefix, REDIS_DIR=str(tmp_path / "redis"), HF_HUB_OFFLINE="1",
                TOXFLEET_CHECKPOINT=str(tiny_checkpoint[0]), TOXFLEET_HF_CONFIG=str(tiny_checkpoint[1]),
-               TOXFLEET_CONCURRENCY="1", TOXFLEET_METRICS_PORT="0", TOXFLEET_API_METRICS_PORT=str(metrics_port),
-               FLOWER_BASIC_AUTH="u:p",
+               TOXFLEET_CONCURRENCY="1", TOXFLEET_METRICS_PORT="0", FLOWER_BASIC_AUTH="u:p",
                # A private export root: the decision run.sh's prepare writes must not make every later
                # test's worker on the shared tiny checkpoint run the backend chosen here.
                TOXFLEET_EXPORT_DIR=str(tmp_path / "exports"),
-               **{redis_server.ENV_BINARY: VALKEY})
-    # The first start on a machine gates every candidate (minutes: two of them compile), which the image
-    # step's test in test_backends already proves. Timed on a loaded 2-core CI machine it ran past
-    # pytest's 600 s (2026-12-06), so a quick gate decides first and run.sh must find it cached.
-    seeded = subprocess.run([sys.executable, "-m", "worker.export", "--prepare", "--texts", "64",
-                             "--backends", "onnx,torch-int8"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert seeded.returncode == 0, seeded.stdout + seeded.stderr
-    log = tmp_path / "run.log"
+               **{redis_server.ENV_BINARY: VALKEY}, **settings)
+    return env
+
+
+def _ports(redis_port: int | None = None, api_port: int | None = None) -> dict[str, str]:
+    """Free ports, chosen just before run.sh starts: the longer a free port waits, the likelier another
+    process's connection takes it."""
+    return dict(REDIS_URL=f"redis://127.0.0.1:{redis_port or free_port()}/0", API_PORT=str(api_port or free_port()),
+                FLOWER_PORT=str(free_port()), TOXFLEET_API_METRICS_PORT=str(free_port()))
+
+
+def _start(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        run = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                               start_new_session=True, preexec_fn=_interruptible)
+        return subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_interruptible)
+
+
+def _stop(run: subprocess.Popen[bytes]) -> None:
+    run.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the script
     try:
-        api = f"http://127.0.0.1:{api_port}"
+        run.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        raise
+
+
+@pytest.mark.slow
+def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
+    # The first start on a machine gates every candidate (minutes: two of them compile), which the image
+    # step's test in test_backends already proves; here a quick gate decides first and run.sh must find it
+    # cached (CI of 2026-12-06 passed pytest's 600 s in this test with no log to say where).
+    seeded = subprocess.run([sys.executable, "-m", "worker.export", "--prepare", "--texts", "64",
+                             "--backends", "onnx,torch-int8"], cwd=ROOT, env=_env(tiny_checkpoint, tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    assert seeded.returncode == 0, seeded.stdout + seeded.stderr
+    ports = _ports()
+    env = _env(tiny_checkpoint, tmp_path, **ports)
+    log = tmp_path / "run.log"
+    run = _start(env, log)
+    try:
+        api = f"http://127.0.0.1:{ports['API_PORT']}"
 
         def fleet_ready() -> bool:
-            if run.poll() is not None:  # one of its processes exited, so run.sh stopped them all
+            if run.poll() is not None:
                 pytest.fail(f"run.sh exited ({run.returncode}):\n{log.read_text()[-4000:]}")
             return bool(httpx.get(api + "/readyz", timeout=2).json()["workers"] >= 1)
 
@@ -110,19 +135,64 @@ def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path
         assert 0.0 <= job["results"][0]["toxicity"] <= 1.0
         # Metrics on their own listener, on loopback as the API is under `make run`; none on the API's port.
         assert httpx.get(api + "/metrics", timeout=5).status_code == 404
-        assert "toxfleet_jobs_submitted_total 1.0" in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        metrics = f"http://127.0.0.1:{ports['TOXFLEET_API_METRICS_PORT']}/metrics"
+        assert "toxfleet_jobs_submitted_total 1.0" in httpx.get(metrics).text
         assert "Valkey server" in log.read_text(), log.read_text()
         assert any((tmp_path / "redis").iterdir()), "the broker keeps no data in REDIS_DIR"
     finally:
-        run.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the script
-        try:
-            run.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGKILL)
-            raise
+        _stop(run)
     # Everything it started has stopped: the broker last of all.
+    assert run.returncode == 130, log.read_text()[-3000:]
     time.sleep(0.5)
     with pytest.raises(redis.ConnectionError):
-        redis.Redis(port=redis_port, socket_connect_timeout=1).ping()
+        redis.Redis.from_url(ports["REDIS_URL"], socket_connect_timeout=1).ping()
     with pytest.raises(httpx.TransportError):
-        httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=1)
+        httpx.get(f"http://127.0.0.1:{ports['API_PORT']}/healthz", timeout=1)
+
+
+def _taken_port() -> tuple[socket.socket, int]:
+    """A port some other program listens on: it accepts connections and never answers."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    return taken, taken.getsockname()[1]
+
+
+def _exits(run: subprocess.Popen[bytes], log: Path) -> str:
+    try:
+        run.wait(60)
+    except subprocess.TimeoutExpired:
+        _stop(run)
+        pytest.fail(f"run.sh still runs a fleet it cannot complete:\n{log.read_text()[-4000:]}")
+    return log.read_text()
+
+
+@pytest.mark.slow
+def test_run_script_stops_when_the_broker_it_starts_does_not_answer(tiny_checkpoint: tuple[Path, Path],
+                                                                     tmp_path: Path) -> None:
+    taken, port = _taken_port()
+    with taken:
+        env = _env(tiny_checkpoint, tmp_path, **_ports(redis_port=port), TOXFLEET_BACKEND="torch")
+        log = tmp_path / "run.log"
+        out = _exits(_start(env, log), log)
+    assert "does not answer" in out and "run: preparing" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_run_script_stops_everything_when_one_process_exits(tiny_checkpoint: tuple[Path, Path],
+                                                            tmp_path: Path) -> None:
+    taken, api_port = _taken_port()
+    with taken:
+        ports = _ports(api_port=api_port)
+        env = _env(tiny_checkpoint, tmp_path, **ports, TOXFLEET_BACKEND="torch")
+        log = tmp_path / "run.log"
+        run = _start(env, log)
+        out = _exits(run, log)
+    assert run.returncode == 1 and "exited; stopping the rest" in out, out[-3000:]
+    assert "address already in use" in out, out[-3000:]
+    # The worker, Flower and the broker it started went with it.
+    time.sleep(0.5)
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(ports["REDIS_URL"], socket_connect_timeout=1).ping()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{ports['FLOWER_PORT']}/healthcheck", timeout=1)
