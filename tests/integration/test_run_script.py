@@ -101,6 +101,16 @@ def _stop(run: subprocess.Popen[bytes]) -> None:
         raise
 
 
+def _assert_all_stopped(ports: dict[str, str]) -> None:
+    """Everything run.sh started has stopped: the API, Flower and, last of all, the broker."""
+    time.sleep(0.5)
+    for port, path in ((ports["API_PORT"], "/healthz"), (ports["FLOWER_PORT"], "/healthcheck")):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1)
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(ports["REDIS_URL"], socket_connect_timeout=1).ping()
+
+
 @pytest.mark.slow
 def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
     # The first start on a machine gates every candidate (minutes: two of them compile), which the image
@@ -141,13 +151,8 @@ def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path
         assert any((tmp_path / "redis").iterdir()), "the broker keeps no data in REDIS_DIR"
     finally:
         _stop(run)
-    # Everything it started has stopped: the broker last of all.
     assert run.returncode == 130, log.read_text()[-3000:]
-    time.sleep(0.5)
-    with pytest.raises(redis.ConnectionError):
-        redis.Redis.from_url(ports["REDIS_URL"], socket_connect_timeout=1).ping()
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"http://127.0.0.1:{ports['API_PORT']}/healthz", timeout=1)
+    _assert_all_stopped(ports)
 
 
 def _taken_port() -> tuple[socket.socket, int]:
@@ -190,9 +195,4 @@ def test_run_script_stops_everything_when_one_process_exits(tiny_checkpoint: tup
         out = _exits(run, log)
     assert run.returncode == 1 and "exited; stopping the rest" in out, out[-3000:]
     assert "address already in use" in out, out[-3000:]
-    # The worker, Flower and the broker it started went with it.
-    time.sleep(0.5)
-    with pytest.raises(redis.ConnectionError):
-        redis.Redis.from_url(ports["REDIS_URL"], socket_connect_timeout=1).ping()
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"http://127.0.0.1:{ports['FLOWER_PORT']}/healthcheck", timeout=1)
+    _assert_all_stopped(ports)
