@@ -6,7 +6,18 @@ environment that runs pytest or the benchmark is the one under test.
 """
 
 from testing.checkpoints import MODELS, synthetic_checkpoint
-from testing.processes import ROOT, Proc, base_env, child_pids, free_port, reap_on_term, track, untrack, wait_for
+from testing.processes import (
+    ROOT,
+    GaveUp,
+    Proc,
+    base_env,
+    child_pids,
+    free_port,
+    reap_on_term,
+    track,
+    untrack,
+    wait_for,
+)
 from testing.redis_server import RedisServer
 from testing.services import Fleet, FleetSpec, api_metrics, start_api, start_fleet, start_flower, start_worker
 
@@ -15,6 +26,7 @@ __all__ = [
     "ROOT",
     "Fleet",
     "FleetSpec",
+    "GaveUp",
     "Proc",
     "RedisServer",
     "api_metrics",

