@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -183,19 +185,26 @@ def test_queue_full_is_429_with_retry_after(clean_redis: RedisServer) -> None:
         assert r.status_code == 429 and "retry-after" in r.headers and "queue is full" in r.json()["detail"]
 
 
-def _saturate_the_app_loop(c: TestClient, seconds: float, step: float = 0.3) -> None:
-    """Keep the app's event loop (the TestClient's portal) busy for `seconds` in blocking steps of `step`
-    with a yield between them, as a saturated API's is: every wake-up of its lag monitor comes late.
-    Returns once two wake-ups have."""
+@contextlib.contextmanager
+def _saturated_app_loop(c: TestClient, step: float = 0.3) -> Iterator[None]:
+    """Keep the app's event loop (the TestClient's portal) busy in blocking steps of `step` with a yield
+    between them, as a saturated API's is: every wake-up of its lag monitor comes late. Enters once two
+    wake-ups have; the saturation lasts until the block ends, however long its requests take (each of
+    their awaits waits a step, so on a loaded CI machine three requests outlasted a fixed 4 s)."""
+    stop = threading.Event()
+
     async def saturate() -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while not stop.is_set():
             time.sleep(step)
             await asyncio.sleep(0)
 
     assert c.portal is not None
     c.portal.start_task_soon(saturate)
     time.sleep(3 * step)
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 def test_new_work_is_refused_fast_while_the_api_loop_lags(clean_redis: RedisServer) -> None:
@@ -206,10 +215,10 @@ def test_new_work_is_refused_fast_while_the_api_loop_lags(clean_redis: RedisServ
         job = c.post("/v1/jobs", json={"texts": ["a"]})
         assert job.status_code == 202
         queued = clean_redis.client().llen(contract.QUEUES[0])
-        _saturate_the_app_loop(c, 4.0)
-        refused = [c.post("/v1/jobs", json={"texts": ["b"]}), c.get("/toxicity", params={"q": "c"}),
-                   c.post("/toxicity/batch", json=["d"])]
-        polled, health = c.get(job.headers["location"]), c.get("/healthz")
+        with _saturated_app_loop(c):
+            refused = [c.post("/v1/jobs", json={"texts": ["b"]}), c.get("/toxicity", params={"q": "c"}),
+                       c.post("/toxicity/batch", json=["d"])]
+            polled, health = c.get(job.headers["location"]), c.get("/healthz")
         for r in refused:
             assert r.status_code == 429, r.text
             assert r.headers["content-type"] == "application/problem+json" and r.headers["retry-after"] == "1"
@@ -217,7 +226,7 @@ def test_new_work_is_refused_fast_while_the_api_loop_lags(clean_redis: RedisServ
             assert body["type"] == "/problems/api-busy" and "behind" in body["detail"] and "0.2 s" in body["detail"]
         assert polled.status_code == 200 and health.status_code == 200
         assert clean_redis.client().llen(contract.QUEUES[0]) == queued  # nothing refused was enqueued
-        time.sleep(4.5)  # the saturation ends; the monitor's wake-ups come on time again
+        time.sleep(4.5)  # the saturation has ended; the monitor's wake-ups come on time again
         assert c.post("/v1/jobs", json={"texts": ["e"]}).status_code == 202
 
 
@@ -227,12 +236,11 @@ def test_one_stall_refuses_nothing_and_a_max_loop_lag_of_zero_refuses_nothing(cl
     for max_lag, saturated in [(0.1, False), (0.0, True)]:
         with TestClient(create_app(ApiSettings(redis_url=clean_redis.url, max_loop_lag=max_lag))) as c:
             assert c.portal is not None
-            if saturated:
-                _saturate_the_app_loop(c, 1.0)
-            else:
+            if not saturated:
                 c.portal.start_task_soon(_stall, 0.5)
-            assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202
-            assert c.post("/v1/jobs", json={"texts": ["b"]}).status_code == 202
+            with _saturated_app_loop(c) if saturated else contextlib.nullcontext():
+                assert c.post("/v1/jobs", json={"texts": ["a"]}).status_code == 202
+                assert c.post("/v1/jobs", json={"texts": ["b"]}).status_code == 202
 
 
 async def _stall(seconds: float) -> None:
