@@ -21,7 +21,7 @@ HEAVY = ("celery", "kombu", "redis", "pydantic", "pydantic_settings", "fastapi",
 PROBE = f"""
 import importlib.util, sys
 from toxfleet.client import AsyncClient, Client, JobFailed
-import cli.main
+import toxfleet.cli.main
 loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)
 installed = sorted(m for m in {HEAVY!r} if importlib.util.find_spec(m) is not None)
 print("loaded", loaded, "installed", installed)

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli import table
 from toxfleet.chunking import split
+from toxfleet.cli import table
 from toxfleet.client import Client, InvalidRequest, ToxfleetError
 from toxfleet.thresholds import Thresholds
 
