@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from api.errors import BrokerUnavailable, RateLimited, Unauthorized
 from api.settings import ApiSettings
-from toxfleet.keys import rate_key
+from fleet.keys import rate_key
 
 
 def key_id(key: str) -> str:

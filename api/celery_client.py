@@ -11,9 +11,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.coalescer import Coalescer
 from api.settings import ApiSettings
+from fleet.celeryconf import celery_config
+from fleet.redis_url import celery_target
 from toxfleet import contract
-from toxfleet.celeryconf import celery_config
-from toxfleet.redis_url import celery_target
 
 
 class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]

@@ -15,7 +15,7 @@ from api.metrics import LOOP_LAG, MetricsMiddleware
 from api.routes import compat, health, jobs
 from api.services.wiring import make_services
 from api.settings import ApiSettings, get_settings
-from toxfleet import logs
+from fleet import logs
 
 NEW_WORK = (jobs.submit_job, compat.toxicity, compat.toxicity_batch)
 """Endpoints that bring new work: the ones `api.admission` refuses while this process lags."""

@@ -20,8 +20,8 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fleet.queue import Backlog
 from toxfleet.contract import LATENCY_BUCKETS
-from toxfleet.queue import Backlog
 
 UNMATCHED_ROUTE = "unmatched"
 """Route label of requests that matched no route (404s for unknown paths)."""

@@ -12,10 +12,10 @@ from typing import Literal, Self
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fleet import redis_url as urls
+from fleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
+from fleet.keys import DEFAULT_REDIS_URL
 from toxfleet import contract
-from toxfleet import redis_url as urls
-from toxfleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
-from toxfleet.keys import DEFAULT_REDIS_URL
 from toxfleet.thresholds import DEFAULT_THRESHOLD, Thresholds, check_labels
 
 

@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
+from fleet.corpus import DEFAULT_SEED, CommentCorpus
 from worker.backends.base import REDUCED, Backend
 from worker.backends.loader import load_backend
 from worker.backends.onnx import OnnxBackend

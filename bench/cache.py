@@ -33,11 +33,11 @@ from typing import Any
 
 import redis
 
+from fleet import cache as score_cache
+from fleet import keys
+from fleet.corpus import CommentCorpus
 from testing import RedisServer, base_env, free_port, start_api, start_worker
 from testing.processes import reap_on_term
-from toxfleet import cache as score_cache
-from toxfleet import keys
-from toxfleet.corpus import CommentCorpus
 
 TOXFLEET = str(Path(sys.executable).parent / "toxfleet")
 

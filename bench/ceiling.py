@@ -37,7 +37,7 @@ from typing import Any
 
 from bench.cpu import CpuMeter
 from bench.roofline import Architecture, usable_cores
-from toxfleet.corpus import CommentCorpus
+from fleet.corpus import CommentCorpus
 from worker.backends.torch import TorchBackend
 from worker.scorer import Scorer, plan_passes
 from worker.settings import WorkerSettings

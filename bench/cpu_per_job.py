@@ -40,8 +40,8 @@ from api import UVICORN_OPTIONS
 from bench import load
 from bench.cpu import process_seconds, process_tree
 from bench.services import ROOT, Service, _bin, free_port, http_json, model_env, start_redis
+from fleet.corpus import DEFAULT_SEED, CommentCorpus
 from testing.processes import reap_on_term
-from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
 
 
 @dataclass(frozen=True)

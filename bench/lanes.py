@@ -41,11 +41,11 @@ from bench import load
 from bench.roofline import usable_cores
 from bench.services import start_redis, start_toxfleet
 from bench.stats import Spread, percentile
+from fleet.corpus import DEFAULT_SEED, CommentCorpus
+from fleet.queue import read_backlog
 from testing import synthetic_checkpoint
 from testing.processes import reap_on_term
 from toxfleet.contract import BULK
-from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
-from toxfleet.queue import read_backlog
 
 TARGET_RATIO = 2.0
 """Issue 13: interactive p99 under a saturating backfill at most this many times its idle p99."""

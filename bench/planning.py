@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from toxfleet.corpus import CommentCorpus
+from fleet.corpus import CommentCorpus
 from worker.backends.loader import load_backend
 from worker.scorer import Scorer, measure_pass_overhead
 from worker.settings import WorkerSettings

@@ -94,7 +94,7 @@ def render(results: dict[str, Any], md: Path, plot_dir: Path, results_path: str 
             "",
             "### Corpus: token lengths",
             "",
-            f"{prof['corpus']} seeded synthetic comments (`toxfleet.corpus.CommentCorpus`, seed {meta['seed']}: "
+            f"{prof['corpus']} seeded synthetic comments (`fleet.corpus.CommentCorpus`, seed {meta['seed']}: "
             "log-normal word counts, median ≈ 36, mean ≈ 65 words), tokenized with the checkpoint's tokenizer:",
             "",
             tokens_section(model),

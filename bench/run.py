@@ -41,8 +41,8 @@ from bench.profiles import DEFAULT_MODELS, PROFILES, Profile, model_specs
 from bench.roofline import usable_cores
 from bench.services import ROOT, Service, start_baseline, start_redis, start_toxfleet
 from bench.stats import Spread, distribution
+from fleet.corpus import DEFAULT_SEED, CommentCorpus
 from testing.processes import reap_on_term
-from toxfleet.corpus import DEFAULT_SEED, CommentCorpus
 from worker.settings import WorkerSettings
 
 SETTLE_CPU = 0.3

@@ -78,9 +78,13 @@ class Service:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{self.name}-{label}.log"
         self.logs[label] = log
+        full_env = {**os.environ, **(env or {})}
+        if "PYTHONPATH" not in (env or {}):
+            # The server packages run from the tree, not from site-packages (console scripts need this).
+            full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
         with open(log, "ab") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **(env or {})}, cwd=cwd,
+                                    env=full_env, cwd=cwd,
                                     start_new_session=True)
         track(proc.pid)
         self.procs.append(proc)

@@ -35,11 +35,11 @@ from typing import Any
 
 from bench import load
 from bench.stats import percentile
+from fleet.corpus import CommentCorpus
 from testing import ROOT, Proc, RedisServer, child_pids, free_port, start_api, start_worker, synthetic_checkpoint
 from testing.faults import ResultObserver
 from testing.processes import reap_on_term
 from toxfleet.client import Client
-from toxfleet.corpus import CommentCorpus
 
 SIZES = (1, 1, 1, 4, 4, 16)
 """Texts per job, drawn uniformly: most jobs small, some large."""

@@ -2,7 +2,7 @@
 gate's verdict on random weights is the random weights.
 
 Each of the model's outputs learns "one of three given mid-frequency words occurs in the text", on
-comment-like texts from `toxfleet.corpus`. The result is a Detoxify-format checkpoint like the input
+comment-like texts from `fleet.corpus`. The result is a Detoxify-format checkpoint like the input
 (same labels, tokenizer and architecture) whose features depend on the text. It is not a toxicity
 model; it only has trained-model error statistics rather than random-weight ones.
 
@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from toxfleet.corpus import CommentCorpus, vocabulary
+from fleet.corpus import CommentCorpus, vocabulary
 
 WORDS_PER_LABEL = 3
 TRAINING_TEXTS = 4000

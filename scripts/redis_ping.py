@@ -4,7 +4,7 @@ import sys
 
 import redis
 
-from toxfleet.redis_url import sync_client
+from fleet.redis_url import sync_client
 
 try:
     sync_client(sys.argv[1], socket_connect_timeout=1, socket_timeout=1).ping()

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+# The server packages (api/, worker/, fleet/) run from this checkout; only the client is installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/0}
 API_PORT=${API_PORT:-8000}
 FLOWER_PORT=${FLOWER_PORT:-5555}

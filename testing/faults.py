@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import redis
 
+from fleet import redis_url as urls
+from fleet.corpus import CommentCorpus
 from testing.processes import ROOT, wait_for
 from toxfleet import contract
-from toxfleet import redis_url as urls
 from toxfleet.client.protocol import Submission
-from toxfleet.corpus import CommentCorpus
 
 
 class ResultObserver(threading.Thread):

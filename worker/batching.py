@@ -46,8 +46,8 @@ from celery.worker.state import task_accepted, task_ready, task_reserved
 from celery.worker.strategy import hybrid_to_proto2, proto1_to_proto2
 from kombu.utils.uuid import uuid
 
+from fleet.transport import renew_deliveries
 from toxfleet.contract import SENT_AT_HEADER
-from toxfleet.transport import renew_deliveries
 
 logger = logging.getLogger(__name__)
 

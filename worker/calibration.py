@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from toxfleet.corpus import CommentCorpus
+from fleet.corpus import CommentCorpus
 from worker.gate.probes import labelled_text
 
 CALIBRATION_SEED = 20261201

@@ -9,9 +9,9 @@ from __future__ import annotations
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
+from fleet.celeryconf import celery_config
+from fleet.redis_url import celery_target
 from toxfleet import contract
-from toxfleet.celeryconf import celery_config
-from toxfleet.redis_url import celery_target
 from worker.cpus import default_concurrency
 from worker.settings import get_settings
 
@@ -32,7 +32,7 @@ app.conf.update(
     worker_prefetch_multiplier=_settings.prefetch_multiplier,
     worker_concurrency=_settings.concurrency or default_concurrency(_settings.torch_threads),
     worker_send_task_events=True,
-    # Both lanes, interactive first: with the "priority" queue order (toxfleet.celeryconf) the
+    # Both lanes, interactive first: with the "priority" queue order (fleet.celeryconf) the
     # worker always drains the interactive queue before it reads the bulk one.
     task_queues=[Queue(q, Exchange(q), routing_key=q) for q in contract.QUEUES],  # type: ignore[no-untyped-call]
     # Pool processes load the model in worker_process_init; billiard's default of 4 s for a new

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from toxfleet import redis_url as urls
-from toxfleet.keys import HEARTBEAT_SECONDS, Heartbeat
+from fleet import redis_url as urls
+from fleet.keys import HEARTBEAT_SECONDS, Heartbeat
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 class HeartbeatThread(threading.Thread):
     """Beats every HEARTBEAT_SECONDS once `model_loads()` (pool processes that loaded the model) is
-    above zero, and removes the worker's entry on `stop()`. What a beat says is `toxfleet.keys.Heartbeat`."""
+    above zero, and removes the worker's entry on `stop()`. What a beat says is `fleet.keys.Heartbeat`."""
 
     def __init__(self, settings: WorkerSettings, hostname: str, concurrency: int, backend: str,
                  model_loads: Callable[[], int], gate: dict[str, Any] | None = None) -> None:

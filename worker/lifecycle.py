@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import signals
 
-from toxfleet import logs
+from fleet import logs
 from worker import state
 from worker.exports.artifacts import ExportError
 from worker.gate.selection import check_backend, gate_figures

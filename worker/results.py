@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from toxfleet import meta, pending
+from fleet import meta, pending
+from fleet.keys import cancelled_key, lease_key
 from toxfleet.contract import job_of
-from toxfleet.keys import cancelled_key, lease_key
 
 logger = logging.getLogger(__name__)
 
 # Shared by the scripts below: whether a result key holds a final meta ("final" is
-# `toxfleet.meta.FINAL_STATES`, spelt out in Lua), and a write with the results' expiry (0: none).
+# `fleet.meta.FINAL_STATES`, spelt out in Lua), and a write with the results' expiry (0: none).
 _LUA_HELPERS = """
 local function is_final(key)
   local value = redis.call('GET', key)

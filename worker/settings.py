@@ -13,11 +13,11 @@ from typing import Literal, Self
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from toxfleet import cache as cache_defaults
+from fleet import cache as cache_defaults
+from fleet import redis_url as urls
+from fleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
+from fleet.keys import DEFAULT_REDIS_URL
 from toxfleet import contract
-from toxfleet import redis_url as urls
-from toxfleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
-from toxfleet.keys import DEFAULT_REDIS_URL
 
 BACKEND_NAMES = ("auto", "torch", "torch-compiled", "torch-int8", "torch-int8-rowwise", "torch-bf16",
                  "torch-bf16-compiled", "onnx", "onnx-int8")

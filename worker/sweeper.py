@@ -6,7 +6,7 @@ OOM killer, a Fargate task stopped) while its connection held popped messages lo
 and no unacked hash has them any more (celery/celery#7950; seen here in CI, a job lost in about one
 `test_sigkill_whole_worker_then_replacement` run in two).
 
-The API records every task it sends as pending (`toxfleet.pending`) before the message exists, and
+The API records every task it sends as pending (`fleet.pending`) before the message exists, and
 the worker that stores a task's final result removes it. A sweep finds the pending tasks whose message
 is nowhere:
 
@@ -35,9 +35,10 @@ from typing import Any, cast
 
 import redis
 
-from toxfleet import contract, meta, pending
-from toxfleet import redis_url as urls
-from toxfleet.keys import SWEEP_LOCK_KEY, SWEEP_SUSPECTS_KEY, UNACKED_KEY, lease_key
+from fleet import meta, pending
+from fleet import redis_url as urls
+from fleet.keys import SWEEP_LOCK_KEY, SWEEP_SUSPECTS_KEY, UNACKED_KEY, lease_key
+from toxfleet import contract
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ PAGE = 500
 
 Publish = Callable[[str, list[Any], dict[str, Any] | None], None]
 """`publish(task_id, args, kwargs)`: send the task's message again, under the same task id, and move
-its pending time to the new message's publish time (`toxfleet.pending.restamp`)."""
+its pending time to the new message's publish time (`fleet.pending.restamp`)."""
 
 
 @dataclass

@@ -11,9 +11,10 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from toxfleet import contract, pending
-from toxfleet import redis_url as urls
-from toxfleet.cache import ScoreCache, Scores, namespace
+from fleet import pending
+from fleet import redis_url as urls
+from fleet.cache import ScoreCache, Scores, namespace
+from toxfleet import contract
 from worker import metrics, state
 from worker.batching import BatchTask
 from worker.celery_app import app

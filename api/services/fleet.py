@@ -10,10 +10,10 @@ from typing import Generic, TypeVar
 
 import redis.asyncio as aioredis
 
+from fleet.cache import AsyncScoreCache
+from fleet.keys import Heartbeat
+from fleet.queue import Backlog, alive_workers, aread_backlog
 from toxfleet import contract
-from toxfleet.cache import AsyncScoreCache
-from toxfleet.keys import Heartbeat
-from toxfleet.queue import Backlog, alive_workers, aread_backlog
 
 FLEET_TTL = 2.0
 """Seconds the API reuses its view of the live workers: their processes scale the backpressure limit,

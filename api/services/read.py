@@ -24,8 +24,9 @@ from api.errors import BrokerUnavailable, JobNotFound
 from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
 from api.waiter import RESYNC, Queue, ResultWaiter
-from toxfleet import contract, keys, logs, meta
-from toxfleet.meta import Meta
+from fleet import keys, logs, meta
+from fleet.meta import Meta
+from toxfleet import contract
 from toxfleet.thresholds import Thresholds
 
 RECHECK_SECONDS = 1.0

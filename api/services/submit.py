@@ -28,8 +28,9 @@ from api.errors import BrokerUnavailable, IdempotencyMismatch, JobNotFound, NotR
 from api.services.fleet import FleetService
 from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
-from toxfleet import contract, keys, logs, meta, pending
-from toxfleet.cache import AsyncScoreCache, Scores, namespace
+from fleet import keys, logs, meta, pending
+from fleet.cache import AsyncScoreCache, Scores, namespace
+from toxfleet import contract
 from toxfleet.thresholds import Thresholds
 
 logger = logging.getLogger(__name__)

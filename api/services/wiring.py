@@ -13,8 +13,8 @@ from api.services.read import ReadService
 from api.services.submit import SubmitService
 from api.settings import ApiSettings
 from api.waiter import ResultWaiter
-from toxfleet import redis_url as urls
-from toxfleet.cache import AsyncScoreCache
+from fleet import redis_url as urls
+from fleet.cache import AsyncScoreCache
 
 
 @dataclass(frozen=True)

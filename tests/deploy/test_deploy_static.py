@@ -341,7 +341,7 @@ def test_worker_build_fails_if_cuda_creeps_in() -> None:
 def test_worker_model_download_survives_source_changes() -> None:
     """The model is downloaded before any project source is copied, so code changes reuse that layer."""
     fetch = _step_index(WORKER_FILE, "build", "RUN", "Detoxify(")
-    for source in ("toxfleet/", "worker/", "api/"):
+    for source in ("toxfleet/", "fleet/", "worker/"):
         assert fetch < _step_index(WORKER_FILE, "build", "COPY", source)
     assert _step_index(WORKER_FILE, "build", "COPY", "pyproject.toml") < fetch
 

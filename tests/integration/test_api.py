@@ -17,10 +17,11 @@ from redis.exceptions import RedisError
 from api.celery_client import Messages, Publisher, make_celery, send_messages
 from api.main import create_app
 from api.settings import ApiSettings
+from fleet import keys, meta
+from fleet.cache import ScoreCache, namespace
+from fleet.transport import Transport
 from testing import RedisServer, free_port
-from toxfleet import contract, keys, meta
-from toxfleet.cache import ScoreCache, namespace
-from toxfleet.transport import Transport
+from toxfleet import contract
 
 
 @pytest.fixture

@@ -102,7 +102,7 @@ def test_onnx_scores_like_torch_with_the_same_json(exported: WorkerSettings) -> 
 def test_onnx_backend_scores_long_texts_in_windows_like_torch(exported: WorkerSettings) -> None:
     """long_text="windows" works on the ONNX backend too: the same windows as torch (its saved
     tokenizer), the same max-over-windows scores within 1e-4."""
-    from toxfleet.corpus import CommentCorpus
+    from fleet.corpus import CommentCorpus
     from worker.backends.loader import load_backend
     from worker.scorer import Scorer
 

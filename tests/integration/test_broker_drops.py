@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 
+from fleet.corpus import CommentCorpus
 from testing import RedisServer, child_pids, start_api, start_worker, wait_for
 from testing.scoring import BackgroundScore, assert_detoxify_scores
-from toxfleet.corpus import CommentCorpus
 
 RESUME_WITHIN = 30.0
 """Seconds after a cut within which the worker must have stored a new result (a replaced pool

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from fleet import cache as score_cache
+from fleet.corpus import CommentCorpus
 from testing import Fleet, FleetSpec, base_env, wait_for
 from testing.scoring import assert_detoxify_scores
-from toxfleet import cache as score_cache
 from toxfleet.client import AsyncClient, Client, InvalidRequest, Result
-from toxfleet.corpus import CommentCorpus
 
 MODEL = "checkpoint:tiny/model.ckpt"
 TOXFLEET = str(Path(sys.executable).parent / "toxfleet")  # the installed console script

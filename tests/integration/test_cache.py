@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
+from fleet import cache as score_cache
+from fleet.cache import AsyncScoreCache, ScoreCache, namespace
 from testing import RedisServer
-from toxfleet import cache as score_cache
-from toxfleet.cache import AsyncScoreCache, ScoreCache, namespace
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ import httpx
 import pytest
 import redis
 
+from fleet.corpus import CommentCorpus
 from testing import Proc, RedisServer, base_env, start_api, start_worker, wait_for
 from testing.faults import record
 from testing.scoring import BackgroundScore, assert_detoxify_scores
 from toxfleet.client import Client
-from toxfleet.corpus import CommentCorpus
 
 pytestmark = pytest.mark.faults
 

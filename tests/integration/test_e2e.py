@@ -13,9 +13,10 @@ import httpx
 import pytest
 import redis
 
+from fleet import keys
+from fleet.corpus import CommentCorpus
 from testing import Fleet, FleetSpec, child_pids, wait_for
-from toxfleet import contract, keys
-from toxfleet.corpus import CommentCorpus
+from toxfleet import contract
 
 FLOWER_AUTH = ("tester", "s3cret-flower")
 

@@ -27,6 +27,9 @@ import pytest
 import redis
 from kombu.transport.redis import Channel as KombuChannel
 
+from fleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
+from fleet.corpus import CommentCorpus
+from fleet.keys import LEASE_PREFIX, UNACKED_KEY
 from testing import (
     ROOT,
     Proc,
@@ -49,9 +52,6 @@ from testing.faults import (
     summarize,
 )
 from toxfleet import contract
-from toxfleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
-from toxfleet.corpus import CommentCorpus
-from toxfleet.keys import LEASE_PREFIX, UNACKED_KEY
 
 pytestmark = pytest.mark.faults
 

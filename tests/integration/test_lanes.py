@@ -7,9 +7,9 @@ import time
 import httpx
 import redis
 
+from fleet.corpus import CommentCorpus
 from testing import Fleet, FleetSpec
 from toxfleet import contract
-from toxfleet.corpus import CommentCorpus
 
 # One pool process: the bulk job then takes long enough to still run when the interactive one is done.
 FLEET = FleetSpec("lanes", db=8, worker_env={"TOXFLEET_CACHE": "false", "TOXFLEET_CONCURRENCY": "1"},

@@ -12,9 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.main import create_app
 from api.settings import ApiSettings
+from fleet import keys
+from fleet.corpus import CommentCorpus
 from testing import Fleet, FleetSpec, RedisServer, wait_for
-from toxfleet import contract, keys
-from toxfleet.corpus import CommentCorpus
+from toxfleet import contract
 
 FLEET = FleetSpec("life", db=7, worker_env={"TOXFLEET_CACHE": "false"},
                   api_env={"TOXFLEET_CACHE": "false", "TOXFLEET_BACKLOG_PER_PROCESS": "1000"})

@@ -16,9 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet import keys
+from fleet.corpus import CommentCorpus
 from testing import ROOT, Fleet, FleetSpec, Proc, RedisServer, api_metrics, base_env, free_port, start_api, wait_for
-from toxfleet import contract, keys
-from toxfleet.corpus import CommentCorpus
+from toxfleet import contract
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

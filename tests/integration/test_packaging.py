@@ -1,4 +1,5 @@
-"""A plain `pip install .` (no extras) is the Python client and the `toxfleet` CLI, and nothing heavier.
+"""A plain `pip install .` (no extras) is the Python client and the `toxfleet` CLI, and nothing heavier:
+one top-level package, every module of which imports with httpx alone.
 
 Installed into a brand-new virtual environment, from this checkout, with pip as a user runs it.
 """
@@ -19,13 +20,19 @@ HEAVY = ("celery", "kombu", "redis", "pydantic", "pydantic_settings", "fastapi",
          "detoxify")
 
 PROBE = f"""
-import importlib.util, sys
+import importlib, importlib.metadata, importlib.util, pkgutil, sys
+import toxfleet
 from toxfleet.client import AsyncClient, Client, JobFailed
-import cli.main
+modules = [m.name for m in pkgutil.walk_packages(toxfleet.__path__, "toxfleet.")]
+for name in modules:
+    importlib.import_module(name)
+files = importlib.metadata.distribution("toxfleet").files or []
+tops = sorted({{f.parts[0] for f in files if f.suffix == ".py" or len(f.parts) > 1}}
+              - {{p for p in {{f.parts[0] for f in files}} if p.endswith((".dist-info", ".data")) or p == ".."}})
 loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)
 installed = sorted(m for m in {HEAVY!r} if importlib.util.find_spec(m) is not None)
-print("loaded", loaded, "installed", installed)
-sys.exit(1 if loaded or installed else 0)
+print("modules", len(modules), "top-level", tops, "loaded", loaded, "installed", installed)
+sys.exit(1 if loaded or installed or tops != ["toxfleet"] or "toxfleet.cli.main" not in modules else 0)
 """
 
 

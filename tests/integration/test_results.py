@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from fleet.keys import LEASE_PREFIX, cancelled_key
 from testing import RedisServer
-from toxfleet.keys import LEASE_PREFIX, cancelled_key
 from worker.results import Outcome, ResultStore
 
 

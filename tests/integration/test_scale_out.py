@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleet.corpus import CommentCorpus
 from testing import RedisServer, free_port, start_api, start_worker, wait_for
-from toxfleet.corpus import CommentCorpus
 
 MESSAGES = 96
 """Backlog, in messages (one long text each): fewer than the old prefetch (64 per process x 2) held,

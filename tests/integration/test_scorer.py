@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from toxfleet.corpus import CommentCorpus
+from fleet.corpus import CommentCorpus
 from worker.backends.base import Backend
 from worker.scorer import Scorer, measure_pass_overhead, plan_passes
 

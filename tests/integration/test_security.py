@@ -15,8 +15,9 @@ from api.deps import get_caller
 from api.main import create_app
 from api.routes import jobs
 from api.settings import ApiSettings
+from fleet import keys
 from testing import RedisServer
-from toxfleet import contract, keys
+from toxfleet import contract
 
 KEY = "k" * 24
 OTHER = "o" * 24

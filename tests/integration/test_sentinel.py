@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
+from fleet import keys
+from fleet.corpus import CommentCorpus
 from testing import Proc, start_api, start_flower, start_worker, wait_for
 from testing.faults import ResultObserver, record
 from testing.scoring import BackgroundScore, assert_detoxify_scores
 from testing.sentinel import SentinelGroup
-from toxfleet import keys
 from toxfleet.client import Client
-from toxfleet.corpus import CommentCorpus
 
 pytestmark = pytest.mark.faults
 

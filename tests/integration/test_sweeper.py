@@ -13,8 +13,9 @@ import pytest
 import redis
 from celery import Celery
 
+from fleet import keys
 from testing import RedisServer
-from toxfleet import contract, keys
+from toxfleet import contract
 from worker.results import Outcome, ResultStore
 from worker.sweeper import sweep
 

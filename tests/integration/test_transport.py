@@ -7,8 +7,8 @@ from kombu.asynchronous import Hub
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
+from fleet.transport import Transport
 from testing import RedisServer
-from toxfleet.transport import Transport
 
 
 def _publish(conn: Connection, n: int) -> None:

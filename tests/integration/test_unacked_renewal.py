@@ -1,4 +1,4 @@
-"""`toxfleet.transport.renew_deliveries` against a real Redis and real kombu channels: it moves the entry
+"""`fleet.transport.renew_deliveries` against a real Redis and real kombu channels: it moves the entry
 kombu itself wrote for a delivered message, under kombu's key (prefixed as kombu prefixes it), and
 never adds one for a message kombu no longer holds."""
 
@@ -12,8 +12,8 @@ import pytest
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
+from fleet.transport import TRANSPORT, renew_deliveries
 from testing import RedisServer
-from toxfleet.transport import TRANSPORT, renew_deliveries
 
 
 @pytest.fixture(params=["toxfleet", "kombu"])

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from fleet.corpus import CommentCorpus
 from toxfleet import contract
-from toxfleet.corpus import CommentCorpus
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,8 @@ def test_worker_import_does_not_load_the_model() -> None:
 
 
 @pytest.mark.parametrize("statement", [
-    "import toxfleet.client", "import cli.main", "import toxfleet.cache", "import toxfleet.thresholds",
-    "from cli.main import build_parser; build_parser().parse_args(['score', 'x'])"])
+    "import toxfleet.client", "import toxfleet.cli.main", "import fleet.cache", "import toxfleet.thresholds",
+    "from toxfleet.cli.main import build_parser; build_parser().parse_args(['score', 'x'])"])
 def test_client_side_loads_no_model_code(statement: str) -> None:
     """The client, the CLI (unless --local) and the cache need neither torch nor worker code."""
     assert _loaded_after(statement) == []

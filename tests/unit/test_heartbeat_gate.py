@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from toxfleet.keys import Heartbeat
+from fleet.keys import Heartbeat
 
 
 def test_gate_round_trips() -> None:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from toxfleet import contract, logs
+from fleet import logs
+from toxfleet import contract
 
 
 def _format(msg: str, *args: object, name: str = "test", exc: bool = False, **extra: object) -> dict[str, object]:

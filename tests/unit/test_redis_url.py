@@ -7,8 +7,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelConnectionPool
 
 from api.settings import ApiSettings
-from toxfleet.celeryconf import SHARED_CLIENT_SENTINEL_TRANSPORT, SHARED_CLIENT_TRANSPORT, celery_config
-from toxfleet.redis_url import SentinelUrl, async_client, celery_target, check, parse_sentinel, redact
+from fleet.celeryconf import SHARED_CLIENT_SENTINEL_TRANSPORT, SHARED_CLIENT_TRANSPORT, celery_config
+from fleet.redis_url import SentinelUrl, async_client, celery_target, check, parse_sentinel, redact
 
 
 def test_a_sentinel_url_names_every_sentinel_the_master_and_the_database() -> None:

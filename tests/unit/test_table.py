@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import table
+from toxfleet.cli import table
 
 
 def write(path: Path, fmt: str, rows: list[dict[str, object]]) -> None:

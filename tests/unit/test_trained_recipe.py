@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from fleet.corpus import CommentCorpus
 from tools.trained import Recipe, _lr_factor, recipe_hash
-from toxfleet.corpus import CommentCorpus
 from worker.gate.probes import ORIGINAL_CLASSES, PHRASES, labelled_text, probe_texts
 
 

@@ -4,14 +4,14 @@ Each phrase carries, per Detoxify `original` label, the probability that a text 
 labelled so. `tools.trained` fine-tunes its trained checkpoint on texts labelled from this table, and
 the fidelity gate (`worker.gate.fidelity.gate_texts`) judges backends on `probe_texts`: on a model
 trained on them many of these texts sit near a threshold, which is where reduced precision shows.
-Generating them needs nothing but `toxfleet.corpus` (no training data, no model).
+Generating them needs nothing but `fleet.corpus` (no training data, no model).
 """
 
 from __future__ import annotations
 
 import random
 
-from toxfleet.corpus import CommentCorpus
+from fleet.corpus import CommentCorpus
 
 ORIGINAL_CLASSES = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
 """Detoxify `original` labels as stored in a checkpoint (Detoxify renames some on output)."""

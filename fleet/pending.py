@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import redis
 
-from toxfleet.keys import PENDING_ARGS_KEY, PENDING_KEY
+from fleet.keys import PENDING_ARGS_KEY, PENDING_KEY
 
 Call = tuple[list[Any], dict[str, Any] | None]
 """A task's `(args, kwargs)`, as sent and as re-sent."""

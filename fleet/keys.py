@@ -20,7 +20,7 @@ default `unacked_key`): with late acks, every message a worker has buffered or i
 
 PENDING_KEY = "toxfleet:pending"
 """Redis sorted set: task id -> unix time its current message was published, for every task the API
-sent that has no final result yet (see `toxfleet.pending`)."""
+sent that has no final result yet (see `fleet.pending`)."""
 
 PENDING_ARGS_KEY = "toxfleet:pending:args"
 """Redis hash: task id -> JSON `{"args": ..., "kwargs": ...}` of a pending task (see `PENDING_KEY`)."""
@@ -56,7 +56,7 @@ RATE_KEY_PREFIX = "toxfleet:rate:"
 """Redis key prefix of the per-key, per-second request counters."""
 
 CACHE_PREFIX = "toxfleet:cache:"
-"""Redis key prefix of the score cache (`toxfleet.cache`: entries, index and stats)."""
+"""Redis key prefix of the score cache (`fleet.cache`: entries, index and stats)."""
 
 WORKERS_KEY = "toxfleet:workers"
 """Redis sorted set: worker hostname -> unix time of its last heartbeat."""

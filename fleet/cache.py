@@ -30,8 +30,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from fleet.keys import CACHE_PREFIX
 from toxfleet.contract import WINDOW_OVERLAP_TOKENS, WINDOWS
-from toxfleet.keys import CACHE_PREFIX
 
 ENTRY_PREFIX = CACHE_PREFIX + "e:"
 """Redis key prefix of cache entries (JSON `{label: probability}`)."""

@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx
 
-from cli import table
-from cli.progress import Progress
-from cli.scoring import Scored, batched, local, remote
+from toxfleet.cli import table
+from toxfleet.cli.progress import Progress
+from toxfleet.cli.scoring import Scored, batched, local, remote
 from toxfleet.client import DEFAULT_IN_FLIGHT, DEFAULT_JOB_CHARS, DEFAULT_STALL_AFTER, Client, ToxfleetError
 from toxfleet.contract import LABELS, LONG_TEXT_MODES, TRUNCATE
 from toxfleet.thresholds import Thresholds

@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cli import table
 from toxfleet.chunking import split
+from toxfleet.cli import table
 from toxfleet.client import Client, InvalidRequest, ToxfleetError
 from toxfleet.thresholds import Thresholds
 
-LOCAL_NEEDS = "toxfleet: --local needs the worker extra (pip install 'toxfleet[worker]'): {}"
+LOCAL_NEEDS = ("toxfleet: --local needs the worker tier, which runs from a toxfleet checkout (`make venv` installs its "
+               "dependencies) or the worker image: {}")
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,9 @@ def local(batches: Iterable[list[table.Row]], args: argparse.Namespace,
           thresholds: float | dict[str, float] | None) -> Iterator[tuple[list[table.Row], list[Scored]]]:
     """The same, scored in this process by the worker's scorer (needs the `worker` extra)."""
     try:
-        # Here, not at the top: the worker tier (torch, detoxify) is an optional heavy dependency of --local only.
-        from worker.local import load_local_scorer
+        # By name, at call time: the worker tier (torch, detoxify) is not part of this package; it is
+        # importable from a checkout or the worker image, and only --local needs it.
+        load_local_scorer = importlib.import_module("worker.local").load_local_scorer
     except ImportError as exc:
         raise SystemExit(LOCAL_NEEDS.format(exc)) from None
     try:

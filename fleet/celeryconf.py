@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet.redis_url import celery_target
 from toxfleet.contract import QUEUE
-from toxfleet.redis_url import celery_target
 
 DEFAULT_VISIBILITY_TIMEOUT = 15
 """`TOXFLEET_VISIBILITY_TIMEOUT`'s default (API and workers alike): seconds after which Redis redelivers
@@ -18,16 +18,16 @@ a message whose worker stopped renewing it (died). A live worker renews every me
 quarter of this (`worker.batching`), so it bounds only recovery after a dead worker: about this + 5 s
 (kombu's restore scan) + one batch."""
 
-SHARED_CLIENT_TRANSPORT = "toxfleet.transport:Transport"
-"""kombu's Redis transport with one Redis client per channel instead of one per command (`toxfleet.transport`)."""
+SHARED_CLIENT_TRANSPORT = "fleet.transport:Transport"
+"""kombu's Redis transport with one Redis client per channel instead of one per command (`fleet.transport`)."""
 
-SHARED_CLIENT_SENTINEL_TRANSPORT = "toxfleet.transport:SentinelTransport"
+SHARED_CLIENT_SENTINEL_TRANSPORT = "fleet.transport:SentinelTransport"
 """The same over kombu's Sentinel transport."""
 
 
 def celery_config(*, visibility_timeout: int, result_expires: int, redis_url: str = "") -> dict[str, Any]:
     """Settings for `Celery.conf.update`, common to the API and the workers, for the fleet's `REDIS_URL`
-    (`toxfleet.redis_url`; the broker and backend URLs in Celery's spelling are `celery_target(url).url`).
+    (`fleet.redis_url`; the broker and backend URLs in Celery's spelling are `celery_target(url).url`).
     A `redis://` or `sentinel://` URL gets the shared-client transport; TLS and sockets keep kombu's."""
     target = celery_target(redis_url)
     transport = {

@@ -10,8 +10,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from fleet.keys import HEARTBEAT_STALE_SECONDS, UNACKED_KEY, WORKERS_KEY, Heartbeat, worker_info_key
 from toxfleet.contract import QUEUES
-from toxfleet.keys import HEARTBEAT_STALE_SECONDS, UNACKED_KEY, WORKERS_KEY, Heartbeat, worker_info_key
 
 
 @dataclass(frozen=True)
