@@ -97,6 +97,9 @@ class Heartbeat:
     hostname: str
     model: str | None = None
     backend: str | None = None
+    configured: str | None = None
+    """The `TOXFLEET_BACKEND` the worker was started with (`auto` or a name), beside the `backend` it
+    runs: `auto` running the reference means the fast path was lost (an alert watches for it)."""
     cache: bool = False
     concurrency: int = 1
     pid: int | None = None
@@ -114,7 +117,8 @@ class Heartbeat:
         """Tolerant of fields an older or newer worker does (not) write."""
         data: dict[str, Any] = json.loads(raw)
         return cls(hostname=str(data.get("hostname", "")), model=data.get("model"), backend=data.get("backend"),
-                   cache=bool(data.get("cache")), concurrency=int(data.get("concurrency", 1)),
+                   configured=data.get("configured"), cache=bool(data.get("cache")),
+                   concurrency=int(data.get("concurrency", 1)),
                    pid=data.get("pid"), host=data.get("host"), model_loads=data.get("model_loads"),
                    gate=gate if isinstance(gate := data.get("gate"), dict) else None)
 
