@@ -25,7 +25,7 @@ def with_short_for(text: str, duration: str) -> str:
         for rule in group["rules"]:
             if "alert" in rule and "for" in rule:
                 rule["for"] = duration
-    return yaml.safe_dump(doc, sort_keys=False)
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def binary() -> str | None:

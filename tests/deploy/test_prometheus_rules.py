@@ -83,7 +83,8 @@ def test_scrape_jobs_and_ports_match_the_rules_and_the_defaults() -> None:
 
 def _tested(alertname: str) -> tuple[list[Any], list[Any]]:
     """(cases expecting `alertname` to fire, cases expecting it silent) over every rule test file."""
-    firing, silent = [], []
+    firing: list[Any] = []
+    silent: list[Any] = []
     for path in RULE_TESTS:
         for test in yaml.safe_load(path.read_text())["tests"]:
             for case in test.get("alert_rule_test", []):

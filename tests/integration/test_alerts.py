@@ -51,7 +51,9 @@ def test_fleet_gauges_follow_the_heartbeats(fleet: Fleet, prometheus: str) -> No
     heartbeat says; the worker exports its failure series at 0 before any failure; and
     ToxfleetFastPathLost fires exactly when that worker, configured `auto`, runs the reference."""
     hostname = fleet.worker.extra["hostname"]
-    beat = keys.Heartbeat.decode(urls.sync_client(fleet.redis_url).get(keys.worker_info_key(hostname)))
+    raw = urls.sync_client(fleet.redis_url).get(keys.worker_info_key(hostname))
+    assert raw is not None
+    beat = keys.Heartbeat.decode(raw)
     assert beat.configured == "auto" and beat.backend and beat.concurrency == 2
     api = scrape(fleet.api_metrics)
     assert api[("toxfleet_fleet_workers", frozenset({"backend": beat.backend, "configured": "auto"}.items()))] == 1
