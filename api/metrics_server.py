@@ -28,8 +28,8 @@ from api.settings import ApiSettings
 logger = logging.getLogger(__name__)
 
 READ_SLACK = 2.0
-"""Seconds a scrape waits for the event loop beyond the three Redis reads' own timeouts; past that the
-scrape reports the broker down rather than hang (a scraper's timeout is typically 10 s)."""
+"""Seconds a scrape waits for the event loop beyond its four Redis round trips' own timeouts; past that
+the scrape reports the broker down rather than hang (a scraper's timeout is typically 10 s)."""
 
 
 async def read_fleet(fleet: FleetService) -> FleetReading:
@@ -70,7 +70,7 @@ class MetricsServer:
 
 def start(settings: ApiSettings, fleet: FleetService, loop: asyncio.AbstractEventLoop) -> MetricsServer:
     """Serve the default registry plus the fleet gauges on the metrics port; raise if it is taken."""
-    timeout = 3 * settings.redis_timeout + READ_SLACK
+    timeout = 4 * settings.redis_timeout + READ_SLACK
 
     def read() -> FleetReading:
         future = asyncio.run_coroutine_threadsafe(read_fleet(fleet), loop)

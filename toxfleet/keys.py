@@ -91,8 +91,9 @@ def worker_info_key(hostname: str) -> str:
 @dataclass(frozen=True)
 class Heartbeat:
     """What a worker says about itself under `worker_info_key(hostname)`, while its hostname is beating
-    in `WORKERS_KEY`. The API reads `model`, `backend` and `cache` (may the score cache answer?) and
-    `concurrency` (the backpressure limit); the rest is for people. Field order is the JSON's."""
+    in `WORKERS_KEY`. The API reads `model`, `backend` and `cache` (may the score cache answer?),
+    `concurrency` (the backpressure limit) and `configured` (its metrics); the rest is for people.
+    Field order is the JSON's."""
 
     hostname: str
     model: str | None = None
