@@ -33,16 +33,18 @@ def binary() -> str | None:
 
 
 def start_prometheus(tmp: Path, targets: dict[str, list[str]], alert_for: str = "2s",
-                     interval: str = "1s", name: str = "prometheus") -> tuple[Proc, str]:
-    """Prometheus on a free 127.0.0.1 port scraping `targets` (job name -> host:port list) and
-    evaluating the shipped rules every `interval`; returns the process and its base URL."""
+                     scrape: str = "2s", evaluate: str = "1s", name: str = "prometheus") -> tuple[Proc, str]:
+    """Prometheus on a free 127.0.0.1 port scraping `targets` (job name -> host:port list) every
+    `scrape` and evaluating the shipped rules every `evaluate`; returns the process and its base URL.
+    A scrape may take its whole interval: on a loaded machine a shorter timeout would drop samples
+    and reset a pending alert."""
     path = binary()
     assert path is not None, "no prometheus binary (Debian's `prometheus` package)"
     workdir = tmp / name
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / RULES.name).write_text(with_short_for(RULES.read_text(), alert_for))
     config = {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
+        "global": {"scrape_interval": scrape, "scrape_timeout": scrape, "evaluation_interval": evaluate},
         "rule_files": [RULES.name],
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]}
                            for job, hosts in targets.items()],
