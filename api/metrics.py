@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fleet.keys import Heartbeat
 from fleet.queue import Backlog
 from toxfleet.contract import LATENCY_BUCKETS
 
@@ -95,11 +97,13 @@ def count_answered_from_cache(texts: int) -> None:
 
 @dataclass(frozen=True)
 class FleetReading:
-    """What one scrape read from Redis: the backlog (None: Redis did not answer) and the score cache's
-    entries (None: not read, the cache is off here or its Redis did not answer)."""
+    """What one scrape read from Redis: the backlog (None: Redis did not answer), the score cache's
+    entries (None: not read, the cache is off here or its Redis did not answer) and the live workers'
+    heartbeats (None: not read)."""
 
     backlog: Backlog | None
     cache_entries: int | None
+    workers: list[Heartbeat] | None = None
 
 
 UNREAD = FleetReading(None, None)
@@ -110,7 +114,14 @@ FLEET_GAUGES = {
     "toxfleet_workers": "Workers whose heartbeat is recent.",
     "toxfleet_broker_up": "1 if Redis answered this scrape's queue read, else 0.",
     "toxfleet_cache_entries": "Scores in the score cache, read at scrape time (fleet-wide).",
+    "toxfleet_worker_processes": "Pool processes of the workers whose heartbeat is recent (what the "
+                                 "backpressure limit is per).",
 }
+
+FLEET_BACKENDS = "toxfleet_fleet_workers"
+FLEET_BACKENDS_DOC = ("Workers whose heartbeat is recent, by the backend they run and the TOXFLEET_BACKEND "
+                      "they were started with (`unknown` for a worker that does not say).")
+UNKNOWN = "unknown"
 
 
 class FleetCollector(Collector):
@@ -124,7 +135,8 @@ class FleetCollector(Collector):
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Registering calls this, not collect(): no Redis read until the first scrape.
-        return (GaugeMetricFamily(name, doc) for name, doc in FLEET_GAUGES.items())
+        yield from (GaugeMetricFamily(name, doc) for name, doc in FLEET_GAUGES.items())
+        yield GaugeMetricFamily(FLEET_BACKENDS, FLEET_BACKENDS_DOC, labels=["backend", "configured"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         reading = self._read()
@@ -135,6 +147,14 @@ class FleetCollector(Collector):
             "toxfleet_workers": math.nan if backlog is None else backlog.workers,
             "toxfleet_broker_up": 0 if backlog is None else 1,
             "toxfleet_cache_entries": math.nan if reading.cache_entries is None else reading.cache_entries,
+            "toxfleet_worker_processes": (math.nan if reading.workers is None
+                                          else sum(w.concurrency for w in reading.workers)),
         }
         for name, doc in FLEET_GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=values[name])
+        # One series per (backend, configured) pair that runs now; with heartbeats unread, none.
+        backends = GaugeMetricFamily(FLEET_BACKENDS, FLEET_BACKENDS_DOC, labels=["backend", "configured"])
+        pairs = Tally((w.backend or UNKNOWN, w.configured or UNKNOWN) for w in reading.workers or [])
+        for (backend, configured), count in sorted(pairs.items()):
+            backends.add_metric([backend, configured], count)
+        yield backends

@@ -4,8 +4,9 @@
 
 prometheus_client's HTTP server runs in a daemon thread of this uvicorn process (one process per
 container: a second process on the same port fails at start, naming the setting). At each scrape the
-thread reads the queue and the score cache from Redis with the app's own async client, on the app's
-event loop (`run_coroutine_threadsafe`): no second Redis client, and the event loop never blocks.
+thread reads the queue, the score cache and the workers' heartbeats from Redis with the app's own async
+client, on the app's event loop (`run_coroutine_threadsafe`): no second Redis client, and the event
+loop never blocks.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from api.settings import ApiSettings
 logger = logging.getLogger(__name__)
 
 READ_SLACK = 2.0
-"""Seconds a scrape waits for the event loop beyond the two Redis reads' own timeouts; past that the
-scrape reports the broker down rather than hang (a scraper's timeout is typically 10 s)."""
+"""Seconds a scrape waits for the event loop beyond its four Redis round trips' own timeouts; past that
+the scrape reports the broker down rather than hang (a scraper's timeout is typically 10 s)."""
 
 
 async def read_fleet(fleet: FleetService) -> FleetReading:
-    """The backlog and the cache size; a read Redis did not answer is None."""
+    """The backlog, the cache size and the live workers' heartbeats; a read Redis did not answer is None."""
     try:
         backlog = await fleet.backlog()
     except RedisError:
@@ -41,7 +42,11 @@ async def read_fleet(fleet: FleetService) -> FleetReading:
         entries = await fleet.cache_entries()
     except RedisError:  # the cache may live on its own Redis
         entries = None
-    return FleetReading(backlog, entries)
+    try:
+        workers = await fleet.workers() if backlog is not None else None
+    except RedisError:
+        workers = None
+    return FleetReading(backlog, entries, workers)
 
 
 @dataclass
@@ -65,7 +70,7 @@ class MetricsServer:
 
 def start(settings: ApiSettings, fleet: FleetService, loop: asyncio.AbstractEventLoop) -> MetricsServer:
     """Serve the default registry plus the fleet gauges on the metrics port; raise if it is taken."""
-    timeout = 2 * settings.redis_timeout + READ_SLACK
+    timeout = 4 * settings.redis_timeout + READ_SLACK
 
     def read() -> FleetReading:
         future = asyncio.run_coroutine_threadsafe(read_fleet(fleet), loop)

@@ -91,12 +91,16 @@ def worker_info_key(hostname: str) -> str:
 @dataclass(frozen=True)
 class Heartbeat:
     """What a worker says about itself under `worker_info_key(hostname)`, while its hostname is beating
-    in `WORKERS_KEY`. The API reads `model`, `backend` and `cache` (may the score cache answer?) and
-    `concurrency` (the backpressure limit); the rest is for people. Field order is the JSON's."""
+    in `WORKERS_KEY`. The API reads `model`, `backend` and `cache` (may the score cache answer?),
+    `concurrency` (the backpressure limit) and `configured` (its metrics); the rest is for people.
+    Field order is the JSON's."""
 
     hostname: str
     model: str | None = None
     backend: str | None = None
+    configured: str | None = None
+    """The `TOXFLEET_BACKEND` the worker was started with (`auto` or a name), beside the `backend` it
+    runs: `auto` running the reference means the fast path was lost (an alert watches for it)."""
     cache: bool = False
     concurrency: int = 1
     pid: int | None = None
@@ -114,7 +118,8 @@ class Heartbeat:
         """Tolerant of fields an older or newer worker does (not) write."""
         data: dict[str, Any] = json.loads(raw)
         return cls(hostname=str(data.get("hostname", "")), model=data.get("model"), backend=data.get("backend"),
-                   cache=bool(data.get("cache")), concurrency=int(data.get("concurrency", 1)),
+                   configured=data.get("configured"), cache=bool(data.get("cache")),
+                   concurrency=int(data.get("concurrency", 1)),
                    pid=data.get("pid"), host=data.get("host"), model_loads=data.get("model_loads"),
                    gate=gate if isinstance(gate := data.get("gate"), dict) else None)
 

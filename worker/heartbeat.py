@@ -34,7 +34,8 @@ class HeartbeatThread(threading.Thread):
         super().__init__(name="toxfleet-heartbeat", daemon=True)
         self._redis = urls.sync_client(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._model_loads = model_loads
-        self._beat = Heartbeat(hostname, model=settings.model_identity, backend=backend, cache=settings.cache,
+        self._beat = Heartbeat(hostname, model=settings.model_identity, backend=backend,
+                               configured=settings.backend, cache=settings.cache,
                                concurrency=concurrency, pid=os.getpid(), host=socket.gethostname(), gate=gate)
         # Not `_stop`: threading.Thread has a `_stop()` method that fork calls on every thread.
         self._stopping = threading.Event()

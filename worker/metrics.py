@@ -37,6 +37,12 @@ COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 """Tokens per batch."""
 
+OUTCOMES = ("succeeded", "failed", "skipped", "deferred", "cancelled")
+"""Values of `toxfleet_tasks_total`'s `outcome` label."""
+
+FAILURE_REASONS = ("invalid", "scoring", "worker_lost")
+"""Values of `toxfleet_task_failures_total`'s `reason` label."""
+
 
 class WorkerMetrics:
     """The worker's metric objects (one set per process, created on first use)."""
@@ -72,6 +78,12 @@ class WorkerMetrics:
                                 ["reason"], registry=reg)
         self.cache_lookups = Counter("toxfleet_cache_lookups", "Texts looked up in the score cache before scoring.",
                                      registry=reg)
+        # Every label value exported at 0 from the start: an alert on increase() would miss the first
+        # failure of a series that appears already at 1.
+        for outcome in OUTCOMES:
+            self.tasks.labels(outcome)
+        for reason in FAILURE_REASONS:
+            self.failures.labels(reason)
         self.cache_hits = Counter("toxfleet_cache_hits", "Texts answered from the score cache instead of the model "
                                   "(hits / lookups is the workers' hit rate).", registry=reg)
 
@@ -161,6 +173,7 @@ def _on_worker_ready(**_: Any) -> None:
     # Not at module level: prometheus_client picks multiprocess mode when imported (module docstring).
     from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
+    metrics()  # this process's zeros: every series exists before the first batch (see WorkerMetrics)
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     try:

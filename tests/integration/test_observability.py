@@ -252,6 +252,8 @@ def test_metrics_answer_while_redis_is_down(session_tmp: Path) -> None:
         api.stop()
     assert value(samples, "toxfleet_broker_up") == 0
     assert value(samples, "toxfleet_queue_depth") != value(samples, "toxfleet_queue_depth")  # NaN
+    assert value(samples, "toxfleet_worker_processes") != value(samples, "toxfleet_worker_processes")  # NaN
+    assert not [name for name, _ in samples if name == "toxfleet_fleet_workers"]  # no stale backends
 
 
 def test_metrics_are_served_on_their_own_port_only(redis_server: RedisServer, session_tmp: Path) -> None:
