@@ -396,3 +396,36 @@ def api_settings_classes() -> list[type[BaseSettings]]:
                if isinstance(c, type) and issubclass(c, BaseSettings) and c is not BaseSettings]
     assert classes, "api/settings.py defines no pydantic-settings class"
     return classes
+
+
+# ---- CloudFormation ------------------------------------------------------------------------------
+
+TEMPLATE_PATH = ROOT / "deploy" / "cloudformation" / "toxfleet.yaml"
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """YAML with CloudFormation's short tags (`!Ref X`, `!Sub ...`, `!GetAtt A.B`) read as their long forms."""
+
+
+def _cfn_tag(loader: _CfnLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    if suffix == "Ref":
+        return {"Ref": value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{suffix}": value}
+
+
+_CfnLoader.add_multi_constructor("!", _cfn_tag)
+
+
+def load_template(text: str | None = None) -> dict[str, Any]:
+    """The CloudFormation template as plain data (long-form intrinsic functions)."""
+    data: dict[str, Any] = yaml.load(TEMPLATE_PATH.read_text() if text is None else text, Loader=_CfnLoader)  # noqa: S506
+    return data
