@@ -50,10 +50,30 @@ from worker.settings import WorkerSettings
 
 @pytest.mark.parametrize("dockerfile", [API_FILE, WORKER_FILE], ids=lambda d: d.path.name)
 def test_every_stage_builds_from_python_311_slim(dockerfile: Dockerfile) -> None:
-    """All stages start from python:3.11-slim (or from another stage of the same file)."""
+    """All stages start from python:3.11-slim (or from another stage of the same file), except a
+    files-only stage FROM scratch that holds nothing but copied files."""
     names = {s.name for s in dockerfile.stages}
     for stage in dockerfile.stages:
+        if stage.base == "scratch":
+            assert {i.keyword for i in stage.instructions} == {"COPY"}, stage
+            continue
         assert stage.base in names or stage.base.startswith("python:3.11-slim"), stage
+
+
+@pytest.mark.parametrize("dockerfile", [API_FILE, WORKER_FILE], ids=lambda d: d.path.name)
+def test_base_image_is_one_argument_that_takes_a_digest(dockerfile: Dockerfile) -> None:
+    """Every Python stage starts FROM ${PYTHON_IMAGE}, one global argument with the same default in both
+    Dockerfiles, so a digest pin (`python:3.11-slim-bookworm@sha256:<64 hex>`) is one value; a pinned
+    default must be a well-formed digest, and the guide says how to read the current one."""
+    text = dockerfile.path.read_text()
+    names = {s.name for s in dockerfile.stages}
+    froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert all(f == "${PYTHON_IMAGE}" or f in names or f == "scratch" for f in froms), froms
+    image = dockerfile.global_args["PYTHON_IMAGE"]
+    assert image == API_FILE.global_args["PYTHON_IMAGE"] == WORKER_FILE.global_args["PYTHON_IMAGE"]
+    assert re.fullmatch(r"python:3\.11-slim-bookworm(@sha256:[0-9a-f]{64})?", image), image
+    assert "@sha256:<index digest>" in text
+    assert "docker buildx imagetools inspect python:3.11-slim-bookworm" in FARGATE_DOC
 
 
 def test_default_targets_are_the_services() -> None:
@@ -142,12 +162,52 @@ def test_flower_command() -> None:
 
 
 def test_api_dockerfile_installs_no_inference_stack() -> None:
-    """Dockerfile.api installs only the api/flower extras and never names torch, detoxify or transformers."""
+    """Dockerfile.api installs only the requirements its pyproject one-liner lists and the project
+    itself without dependencies, and never names torch, detoxify or transformers."""
     for stage in API_FILE.stages:
         for args in pip_installs(API_FILE, stage):
             text = " ".join(args).lower()
             assert not any(p in text for p in INFERENCE_PACKAGES), args
-            assert re.fullmatch(r'\.\[(api|flower)\]', args[-1]), args
+            assert args == ["-r", "/tmp/requirements.txt"] or (
+                args[0] == "--no-deps" and re.fullmatch(r'\.\[(api|flower)\]', args[-1])), args
+
+
+@pytest.mark.parametrize(("stage", "extra"), [("build-api", "api"), ("build-flower", "flower")])
+def test_api_requirements_are_pyprojects(stage: str, extra: str) -> None:
+    """Each API-side build's requirements list, generated from pyproject.toml by its own one-liner, is
+    exactly the base dependencies plus its extra, with `toxfleet[core]` spelled out, each once."""
+    (step,) = [r for r in _run_steps(API_FILE, stage) if "/tmp/requirements.txt" in r]
+    generate = shell_commands(step.split(" > /tmp/requirements.txt")[0])[0]
+    assert generate[:2] == ["python", "-c"]
+    result = subprocess.run([sys.executable, "-c", generate[2]], cwd=ROOT, capture_output=True, text=True,
+                            timeout=30, check=True)
+    project = PYPROJECT["project"]
+    extras = project["optional-dependencies"]
+
+    def spelled_out(requirements: list[str]) -> list[str]:
+        return [r for req in requirements
+                for r in (spelled_out(extras[req[len("toxfleet["):-1]]) if req.startswith("toxfleet[") else [req])]
+
+    assert result.stdout.splitlines() == list(dict.fromkeys(spelled_out(project["dependencies"] + extras[extra])))
+    assert not any(r.startswith("toxfleet") for r in result.stdout.splitlines())
+
+
+@pytest.mark.parametrize("stage", ["build-api", "build-flower"])
+def test_api_dependencies_install_before_the_source_is_copied(stage: str) -> None:
+    """A code change reuses the dependency layer: in each API-side build, the stages before the project
+    source arrives copy only pyproject.toml, the dependencies install from it, and only then comes the
+    source (from the files-only `source` stage), installed without dependencies."""
+    build = API_FILE.stage(stage)
+    chain = API_FILE.lineage(build)
+    copies = [i.args for s in chain for i in s.instructions if i.keyword == "COPY"]
+    assert copies == ["pyproject.toml ./", "--from=source /src/ ./"]
+    steps = [(i.keyword, i.args) for i in build.instructions if i.keyword in ("RUN", "COPY")]
+    kinds = ["deps" if k == "RUN" and "pip install -r" in a else "source" if k == "COPY" else
+             "project" if "pip install --no-deps" in a else "other" for k, a in steps]
+    assert kinds == ["deps", "source", "project"]
+    source = API_FILE.stage("source")
+    copied = {i.args.split()[0] for i in source.instructions}
+    assert {"toxfleet/", "worker/", "api/", "tools/", "cli/", "pyproject.toml"} <= copied
 
 
 @pytest.mark.parametrize("extra", ["api", "flower"])
@@ -470,3 +530,24 @@ def test_images_log_json_lines(name: str) -> None:
     overrides += [v["value"] for task in TASK_DEFINITIONS for c in load_ecs(task)["containerDefinitions"]
                   for v in c.get("environment", []) if v["name"] == "TOXFLEET_LOG_FORMAT"]
     assert {o for o in overrides if o is not None} <= {"json"}
+
+
+ARCHITECTURE_WORDS = re.compile(r"amd64|x86_64|x86-64|aarch64|arm64|linux_x86|manylinux|\.whl\b|/cu\d+|--platform")
+
+
+@pytest.mark.parametrize("dockerfile", [API_FILE, WORKER_FILE], ids=lambda d: d.path.name)
+def test_images_build_for_amd64_and_arm64(dockerfile: Dockerfile) -> None:
+    """Nothing in a build step is tied to one CPU architecture: no platform flag on FROM, no wheel URL
+    or platform tag, no CUDA index; torch comes from the CPU index's root (it serves x86_64 and aarch64
+    wheels), apt installs only by package name. The guide shows the two-platform buildx command."""
+    for stage in dockerfile.stages:
+        for instr in stage.instructions:
+            if instr.keyword in ("RUN", "ARG", "ENV", "COPY"):
+                assert not ARCHITECTURE_WORDS.search(instr.args), (dockerfile.path.name, instr.line, instr.args)
+    for line in dockerfile.path.read_text().splitlines():
+        if line.startswith("FROM "):
+            assert "--platform" not in line, line
+    if dockerfile is WORKER_FILE:
+        assert dockerfile.global_args.get("TORCH_INDEX_URL", "") == "" and \
+            dockerfile.args(dockerfile.stage("build"))["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert "docker buildx build --platform linux/amd64,linux/arm64" in FARGATE_DOC
