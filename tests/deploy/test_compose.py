@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -23,6 +24,7 @@ from testing import ROOT
 from tests.deploy.deployfiles import (
     API_FILE,
     BACKLOG_COMMAND,
+    COMPOSE,
     IMAGES,
     INFERENCE_PACKAGES,
     OFFLINE,
@@ -90,8 +92,14 @@ def test_compose_health_checks_match_the_images_and_ecs(name: str) -> None:
 def _redis_options() -> dict[str, str]:
     command = SERVICES["redis"]["command"]
     assert command[0] == "redis-server"
-    pairs = command[1:]
+    pairs = command[2:]  # command[1]: the config file with the password
     return {pairs[i].removeprefix("--"): str(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+
+
+def _redis_config() -> tuple[str, str]:
+    """(where the redis container reads its password file, that file's content as written in Compose)."""
+    (mount,) = SERVICES["redis"]["configs"]
+    return mount["target"], COMPOSE["configs"][mount["source"]]["content"]
 
 
 def test_redis_is_a_durable_authenticated_broker() -> None:
@@ -99,12 +107,25 @@ def test_redis_is_a_durable_authenticated_broker() -> None:
     redis_service = SERVICES["redis"]
     assert re.fullmatch(r"redis:7(\.\d+)*(-[\w.]+)?", redis_service["image"])
     options = _redis_options()
-    assert required_variables(options["requirepass"]) == {"REDIS_PASSWORD"}
+    target, content = _redis_config()
+    assert redis_service["command"][1] == target  # redis-server's config file argument
+    assert content.splitlines() == ["requirepass ${REDIS_PASSWORD:?set REDIS_PASSWORD}"]
     assert options["appendonly"] == "yes" and options["appendfsync"] == "everysec"
     assert options["maxmemory-policy"] == "noeviction"
     assert "ports" not in redis_service
     assert any(v.endswith(":/data") for v in redis_service["volumes"])
-    assert environment(redis_service)["REDISCLI_AUTH"] == options["requirepass"]  # the probe authenticates
+
+
+def test_redis_password_is_not_in_what_docker_inspect_shows() -> None:
+    """The redis container's command, environment and health check name no password: `docker inspect`
+    shows those; the password is only in the mounted config file, which the probe reads."""
+    redis_service = SERVICES["redis"]
+    shown = [*map(str, redis_service["command"]), *environment(redis_service).values(),
+             *redis_service["healthcheck"]["test"]]
+    assert not any("REDIS_PASSWORD" in word for word in shown), shown
+    assert "requirepass" not in " ".join(map(str, redis_service["command"]))
+    target, _ = _redis_config()
+    assert target in redis_service["healthcheck"]["test"][1]
 
 
 @pytest.mark.parametrize("name", ["api", "worker", "flower", "backlog"])
@@ -146,12 +167,20 @@ def test_offline_override_builds_the_checkpoint_where_workers_read_it() -> None:
     that workers mount at the same absolute path (the checkpoint records it), and workers wait for it."""
     services = OFFLINE["services"]
     synth, worker = services["synth"], services["worker"]
-    words = shlex.split(synth["command"][-1])
     assert synth["command"][:2] == ["sh", "-c"]
+    model = WORKER_FILE.global_args["TOXFLEET_MODEL"]
+    for chosen in ({}, {"TOXFLEET_MODEL": "original-small"}):  # the checkpoint follows TOXFLEET_MODEL
+        words = shlex.split(interpolate(synth["command"][-1], chosen))
+        start = words.index("tools.synthetic")
+        assert words[start + 1] == chosen.get("TOXFLEET_MODEL", model)
+        checkpoint = interpolate(environment(worker)["TOXFLEET_CHECKPOINT"], chosen)
+        assert checkpoint == f"{words[words.index('--out') + 1]}/{words[start + 1]}/model.ckpt"
+        assert interpolate(synth["build"]["args"]["TOXFLEET_MODEL"], chosen) == words[start + 1]
+    words = shlex.split(interpolate(synth["command"][-1], {}))
     start = words.index("tools.synthetic")
     kind, out = words[start + 1], words[words.index("--out") + 1]
     assert kind in synthetic.KINDS
-    env = environment(worker)
+    env = {k: interpolate(v, {}) for k, v in environment(worker).items() if k.startswith("TOXFLEET_")}
     # tools/synthetic.py writes <out>/<kind>/model.ckpt and <out>/<kind>/hf
     assert env["TOXFLEET_CHECKPOINT"] == f"{out}/{kind}/model.ckpt"
     assert env["TOXFLEET_HF_CONFIG"] == f"{out}/{kind}/hf"
@@ -176,25 +205,29 @@ def test_compose_redis_command_runs_on_redis(compose_redis: tuple[int, str]) -> 
     assert config == {"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"}
 
 
-def test_compose_redis_url_and_healthcheck_work(compose_redis: tuple[int, str]) -> None:
-    """Compose's REDIS_URL reaches and authenticates to that Redis, its health probe passes with the
-    container's REDISCLI_AUTH and fails with a wrong one, and WorkerSettings accepts the URL."""
+def test_compose_redis_url_and_healthcheck_work(compose_redis: tuple[int, str], tmp_path: Path) -> None:
+    """Compose's REDIS_URL reaches and authenticates to that Redis, its health probe passes reading the
+    password from the config file and fails with a file holding another, and WorkerSettings accepts the URL."""
     port, password = compose_redis
     url = interpolate(environment(SERVICES["worker"])["REDIS_URL"], {"REDIS_PASSWORD": password})
     assert redis.Redis.from_url(url.replace("@redis:6379", f"@127.0.0.1:{port}")).ping()
     assert WorkerSettings(REDIS_URL=url).redis_url == url  # type: ignore[call-arg]
     (kind, probe) = SERVICES["redis"]["healthcheck"]["test"]
-    assert kind == "CMD-SHELL" and probe.startswith("redis-cli ")
+    assert kind == "CMD-SHELL" and "redis-cli ping" in probe
     cli = shutil.which("redis-cli")
     if cli is None:
         pytest.skip("redis-cli is not installed here (the redis image runs this probe); the URL was checked")
-    probe = probe.replace("redis-cli ", f"{cli} -p {port} ", 1)
-    auth = interpolate(environment(SERVICES["redis"])["REDISCLI_AUTH"], {"REDIS_PASSWORD": password})
+    target, content = _redis_config()
+    wrong = tmp_path / "wrong.conf"
+    wrong.write_text(interpolate(content, {"REDIS_PASSWORD": "nope"}))
     path = os.environ.get("PATH", "/usr/bin:/bin")
-    ok = subprocess.run(["sh", "-c", probe], env={"PATH": path, "REDISCLI_AUTH": auth}, timeout=10)
-    bad = subprocess.run(["sh", "-c", probe], env={"PATH": path, "REDISCLI_AUTH": "nope"}, timeout=10,
-                         capture_output=True)
-    assert ok.returncode == 0 and bad.returncode != 0
+
+    def run(config: Path) -> subprocess.CompletedProcess[bytes]:
+        script = interpolate(probe, {}).replace(target, str(config)).replace("redis-cli ", f"{cli} -p {port} ", 1)
+        return subprocess.run(["sh", "-c", script], env={"PATH": path}, timeout=10, capture_output=True)
+
+    assert run(tmp_path / "auth.conf").returncode == 0
+    assert run(wrong).returncode != 0
 
 
 def test_backlog_service_runs_the_publisher_once() -> None:
@@ -268,3 +301,25 @@ def test_backlog_publisher_runs_from_the_flower_image(compose_redis: tuple[int, 
     imported = {name.split(".")[0] for name in imports.read_text().split()}
     assert {"redis", "toxfleet"} <= imported  # the log did see the imports
     assert not imported & {*INFERENCE_PACKAGES, "celery", "kombu"}, imported
+
+
+COMPOSE_SPEC = Path(__file__).with_name("compose-spec.json")
+"""The Compose Specification's JSON schema, schema/compose-spec.json of github.com/compose-spec/compose-spec
+at 170098ba07d9 (2026-06-23), Apache-2.0: what `docker compose config` validates against."""
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.offline.yml"])
+def test_compose_files_follow_the_compose_spec(name: str) -> None:
+    """Each Compose file, as written and with its variables filled, is valid under the compose-spec
+    schema (top-level `configs` with `content` included); a misspelt key fails it."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (dev extra)")
+    validator = jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC.read_text()))  # its $schema: draft-07
+    data = yaml.safe_load((ROOT / name).read_text())
+    validator.validate(data)
+    filled = yaml.safe_load(interpolate((ROOT / name).read_text(), {"REDIS_PASSWORD": "x" * 32,
+                                                                     "FLOWER_BASIC_AUTH": "admin:pw"}))
+    validator.validate(filled)
+    broken = json.loads(json.dumps(data))
+    next(iter(broken["services"].values()))["healthchek"] = {}
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(broken)
