@@ -179,3 +179,15 @@ def test_flower_task_runs_the_publisher_once() -> None:
                  if "--service-name toxfleet-flower" in c]
     assert "--desired-count 1" in create
     assert not any("toxfleet-flower" in load_ecs(p)["ResourceId"] for p in SCALING_POLICIES)
+
+
+def test_flower_task_has_a_role_for_ecs_exec() -> None:
+    """The guide reaches Flower through ECS Exec, which runs under the task role: flower.json names one,
+    and the guide gives that role exactly ECS Exec's ssmmessages channel actions."""
+    task = load_ecs("flower")
+    assert task["taskRoleArn"] == "arn:aws:iam::${AWS_ACCOUNT_ID}:role/toxfleet-flower"
+    (line,) = [line for line in FARGATE_DOC.splitlines() if line.startswith("- `toxfleet-flower` (task role")]
+    assert "ECS Exec" in line
+    for action in ("CreateControlChannel", "CreateDataChannel", "OpenControlChannel", "OpenDataChannel"):
+        assert f"`ssmmessages:{action}`" in FARGATE_DOC
+    assert "--enable-execute-command" in FARGATE_DOC
