@@ -276,6 +276,23 @@ def test_alb_idle_timeout_is_below_the_api_keep_alive() -> None:
     assert int(delay) > ApiSettings.model_fields["max_wait"].default  # a long poll finishes on scale-in
     (balanced,) = [s for s in of_type("AWS::ECS::Service").values() if "LoadBalancers" in s["Properties"]]
     assert balanced["Properties"]["LoadBalancers"][0]["ContainerName"] == "api"
+    # ECS refuses a target group no listener forwards to: the service waits for both listeners, the
+    # HTTPS one (conditional) through a handle, since a DependsOn cannot name a conditional resource.
+    assert balanced["DependsOn"] == "ListenersReady"
+    assert RESOURCES["ListenersReady"]["Metadata"] == {
+        "HttpsListener": {"Fn::If": ["Https", {"Ref": "HttpsListener"}, ""]}, "HttpListener": {"Ref": "HttpListener"}}
+    assert RESOURCES["HttpsListener"]["Condition"] == "Https"
+    forward = [{"Type": "forward", "TargetGroupArn": {"Ref": "ApiTargetGroup"}}]
+    assert props("HttpsListener")["DefaultActions"] == forward
+
+
+def test_no_resource_depends_on_one_that_may_not_exist() -> None:
+    """A DependsOn naming a resource whose condition may be false fails the whole stack: every
+    dependency is unconditional, or under the same condition as its dependent."""
+    for name, resource in RESOURCES.items():
+        needs = resource.get("DependsOn", [])
+        for other in [needs] if isinstance(needs, str) else needs:
+            assert RESOURCES[other].get("Condition") in (None, resource.get("Condition")), (name, other)
 
 
 def test_redis_is_multi_az_with_tls_and_a_generated_auth_token() -> None:
