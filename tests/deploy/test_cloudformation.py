@@ -452,7 +452,8 @@ def test_idle_fleet_raises_no_alarm() -> None:
     assert breaching == {"RedisUnreachableAlarm", "ApiNoHealthyTargetAlarm"}
     (ratio,) = [m for m in alarms["Api5xxRatioAlarm"]["Metrics"] if m.get("ReturnData")]
     assert ratio["Expression"].startswith("IF(requests >= 20, ") and ratio["Expression"].endswith(", 0)")
-    assert PARAMETERS["WorkerMinCount"]["Default"] >= 1  # so "no live worker" is never the idle state
+    assert PARAMETERS["WorkerMinCount"]["MinValue"] >= 1  # so "no live worker" is never the idle state
+    assert refusals(IMAGES | {"WorkerMinCount": "0"}) == ["WorkerMinCount: out of range"]
 
 
 def test_backlog_alarm_threshold_is_five_minutes_of_work() -> None:
