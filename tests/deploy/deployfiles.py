@@ -1,5 +1,5 @@
-"""Readers for the deployment files, for the tests: Dockerfiles, Compose files, ECS JSON; and what the
-test modules share (the files parsed once, the expectations several modules check).
+"""Readers for the deployment files, for the tests: Dockerfiles, Compose files, ECS JSON, the CloudFormation
+template; and what the test modules share (the files parsed once, the expectations several modules check).
 
 Small on purpose: each reads only what the tests check, and fails loudly on what it does not know,
 rather than guess. Docker itself is not needed (there may be no engine where the tests run).
