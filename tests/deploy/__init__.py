@@ -1,2 +1,2 @@
-"""The deployment files (Dockerfiles, Compose, ECS, the Grafana dashboard): read statically, and their
+"""The deployment files (Dockerfiles, Compose, ECS, CloudFormation, the Grafana dashboard): read statically, and their
 commands and health probes run for real."""

@@ -1,4 +1,5 @@
-"""Readers for the deployment files, for the tests: Dockerfiles, Compose files, ECS JSON.
+"""Readers for the deployment files, for the tests: Dockerfiles, Compose files, ECS JSON, the CloudFormation
+template; and what the test modules share (the files parsed once, the expectations several modules check).
 
 Small on purpose: each reads only what the tests check, and fails loudly on what it does not know,
 rather than guess. Docker itself is not needed (there may be no engine where the tests run).
@@ -6,14 +7,20 @@ rather than guess. Docker itself is not needed (there may be no engine where the
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata as md
 import json
 import re
 import shlex
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.requirements import Requirement
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
 
 from testing import ROOT
 
@@ -259,3 +266,166 @@ def container(task: str, name: str | None = None) -> dict[str, Any]:
 def placeholders(text: str) -> set[str]:
     """`${NAME}` placeholders, as `envsubst` fills them."""
     return set(re.findall(r"\$\{(\w+)\}", text))
+
+
+# ---- what the test modules share: the files read once, the services' expectations ---------------
+
+API_FILE = parse_dockerfile(ROOT / "Dockerfile.api")
+WORKER_FILE = parse_dockerfile(ROOT / "Dockerfile.worker")
+COMPOSE = load_compose("docker-compose.yml")
+OFFLINE = load_compose("docker-compose.yml", "docker-compose.offline.yml")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+FARGATE_DOC = (ROOT / "docs" / "deploy-fargate.md").read_text()
+
+# Each deployable: the Dockerfile and stage that build it, its Compose service, its ECS task.
+IMAGES: dict[str, tuple[Dockerfile, Stage]] = {
+    "api": (API_FILE, API_FILE.stage("api")),
+    "flower": (API_FILE, API_FILE.stage("flower")),
+    "worker": (WORKER_FILE, WORKER_FILE.stages[-1]),
+}
+EXPECTED_PORTS = {"api": [8000, 9809], "flower": [5555], "worker": [9808]}
+"""The ports each task's own container maps (the worker's, and the API's second, are Prometheus endpoints)."""
+INFERENCE_PACKAGES = ("torch", "detoxify", "transformers")
+BACKLOG_COMMAND = ["python", "-m", "tools.backlog", "--interval", "60"]
+"""How the deployment runs the backlog publisher: one reading a minute, CloudWatch's standard resolution."""
+SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "AUTH", "KEY")
+STOP_TIMEOUT_MAX = 120
+"""Fargate's ceiling for stopTimeout; the worker's warm shutdown must fit inside it."""
+
+# Fargate's task sizes: CPU units -> allowed memory (MiB).
+FARGATE_SIZES = {
+    256: {512, 1024, 2048},
+    512: set(range(1024, 4097, 1024)),
+    1024: set(range(2048, 8193, 1024)),
+    2048: set(range(4096, 16385, 1024)),
+    4096: set(range(8192, 30721, 1024)),
+    8192: set(range(16384, 61441, 4096)),
+    16384: set(range(32768, 122881, 8192)),
+}
+
+
+def cmd(name: str) -> list[str]:
+    dockerfile, stage = IMAGES[name]
+    instr = dockerfile.last(stage, "CMD")
+    assert instr is not None, f"{name}: no CMD"
+    return exec_form(instr.args)
+
+
+def pip_installs(dockerfile: Dockerfile, stage: Stage) -> list[list[str]]:
+    """The argument lists of every `pip install` a stage (and its parents) runs."""
+    return [command[2:] for instr in dockerfile.effective(stage, "RUN") for command in shell_commands(instr.args)
+            if command[:2] == ["pip", "install"]]
+
+
+def run_script_command(program: str) -> list[str]:
+    """The arguments scripts/run.sh starts `program` with (`$VENV/bin/<program> ...`)."""
+    for line in (ROOT / "scripts" / "run.sh").read_text().splitlines():
+        if line.lstrip().startswith(f'"$VENV/bin/{program}"'):
+            words = shlex.split(line.replace("&", " "))
+            return [program, *words[1:]]
+    raise AssertionError(f"scripts/run.sh does not start {program}")
+
+
+def normalise_options(argv: list[str]) -> list[str]:
+    """`--opt value` and `--opt=value` as one form, so two command lines compare."""
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and not word.startswith("-") \
+                and out[-1] in ("--hostname", "--port", "--address", "--host", "--loglevel"):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def accepted_env_names(settings: type[BaseSettings]) -> set[str]:
+    """Environment variable names a pydantic-settings class reads (upper case)."""
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    names: set[str] = set()
+    for name, info in settings.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, AliasChoices):
+            names |= {c for c in alias.choices if isinstance(c, str)}
+        elif isinstance(alias, str):
+            names.add(alias)
+        else:
+            names.add(prefix + name)
+    return {n.upper() for n in names}
+
+
+def looks_like_setting(name: str) -> bool:
+    return name.startswith("TOXFLEET_") or name == "REDIS_URL"
+
+
+SERVICES = COMPOSE["services"]
+
+
+def closure(requirements: list[str], extras: set[str]) -> set[str]:
+    """Distributions a set of requirements pulls in, from the installed packages' metadata."""
+    seen: set[str] = set()
+    todo = [(Requirement(r), extras) for r in requirements]
+    while todo:
+        req, active = todo.pop()
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in active | {""}):
+            continue
+        name = req.name.lower().replace("_", "-")
+        key = f"{name}[{','.join(sorted(req.extras))}]"
+        if key in seen:
+            continue
+        seen.add(key)
+        todo += [(Requirement(r), set(req.extras)) for r in md.requires(name) or []]
+    return {k.partition("[")[0] for k in seen}
+
+
+def check_policy_tracks(doc: dict[str, Any]) -> None:
+    """The worker policy's metric is one this EMF document defines, with the same dimensions and values."""
+    policy = load_ecs("worker-scaling")
+    metric = policy["TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]
+    (directive,) = doc["_aws"]["CloudWatchMetrics"]
+    assert metric["Namespace"] == directive["Namespace"]
+    assert metric["MetricName"] in {m["Name"] for m in directive["Metrics"]}
+    assert [d["Name"] for d in metric["Dimensions"]] in directive["Dimensions"]
+    for dimension in metric["Dimensions"]:
+        assert doc[dimension["Name"]] == dimension["Value"]
+    assert isinstance(doc[metric["MetricName"]], int | float)
+
+
+def api_settings_classes() -> list[type[BaseSettings]]:
+    module = importlib.import_module("api.settings")
+    classes = [c for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, BaseSettings) and c is not BaseSettings]
+    assert classes, "api/settings.py defines no pydantic-settings class"
+    return classes
+
+
+# ---- CloudFormation ------------------------------------------------------------------------------
+
+TEMPLATE_PATH = ROOT / "deploy" / "cloudformation" / "toxfleet.yaml"
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """YAML with CloudFormation's short tags (`!Ref X`, `!Sub ...`, `!GetAtt A.B`) read as their long forms."""
+
+
+def _cfn_tag(loader: _CfnLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    if suffix == "Ref":
+        return {"Ref": value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{suffix}": value}
+
+
+_CfnLoader.add_multi_constructor("!", _cfn_tag)
+
+
+def load_template(text: str | None = None) -> dict[str, Any]:
+    """The CloudFormation template as plain data (long-form intrinsic functions)."""
+    data: dict[str, Any] = yaml.load(TEMPLATE_PATH.read_text() if text is None else text, Loader=_CfnLoader)  # noqa: S506
+    return data
