@@ -18,11 +18,7 @@ from fleet import redis_url as urls
 from fleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
 from fleet.keys import DEFAULT_REDIS_URL
 from toxfleet import contract
-
-BACKEND_NAMES = ("auto", "torch", "torch-compiled", "torch-int8", "torch-int8-rowwise", "torch-bf16",
-                 "torch-bf16-compiled", "onnx", "onnx-int8")
-"""Values TOXFLEET_BACKEND accepts; `worker.backends.loader.load_backend` builds each of them
-(`auto` resolved first by `worker.gate.selection`)."""
+from worker.backends import registry
 
 
 class WorkerSettings(BaseSettings):
@@ -34,13 +30,12 @@ class WorkerSettings(BaseSettings):
     checkpoint: Path | None = Field(None, description="Detoxify-format .ckpt to load instead of downloading.")
     hf_config: Path | None = Field(None, description="Directory with the HF config and tokenizer (offline).")
     backend: str = Field(
-        "auto",
+        registry.AUTO,
         description="Inference backend: `auto` (the default): the fastest backend that passed the fidelity gate "
                     "for this checkpoint on this kind of CPU (`python -m worker.export` decides; without a valid "
                     "decision for this checkpoint, CPU and runtime, `auto` runs `torch` and logs why); or one by "
-                    "name: `torch` (fp32, exactly Detoxify's model: the reference), `torch-compiled`, `torch-int8`, "
-                    "`torch-int8-rowwise`, `torch-bf16`, `torch-bf16-compiled`, `onnx`, `onnx-int8`. "
-                    "See docs/backends.md.")
+                    f"name: {', '.join(f'`{n}`' for n in registry.names())} (`torch` is fp32, exactly Detoxify's "
+                    "model: the reference). See docs/backends.md.")
     export_dir: Path | None = Field(
         None,
         description="Directory holding ahead-of-time ONNX exports, one subdirectory per checkpoint sha256; "
@@ -111,8 +106,8 @@ class WorkerSettings(BaseSettings):
             raise ValueError(f"TOXFLEET_CHECKPOINT={self.checkpoint} is not a file")
         if self.hf_config is not None and not self.hf_config.is_dir():
             raise ValueError(f"TOXFLEET_HF_CONFIG={self.hf_config} is not a directory")
-        if self.backend not in BACKEND_NAMES:
-            raise ValueError(f"TOXFLEET_BACKEND={self.backend!r} is not one of {', '.join(BACKEND_NAMES)}")
+        if self.backend not in registry.setting_values():
+            raise ValueError(f"TOXFLEET_BACKEND={self.backend!r} is not one of {', '.join(registry.setting_values())}")
         if self.pass_tokens < contract.MODEL_MAX_TOKENS:
             raise ValueError(f"TOXFLEET_PASS_TOKENS must be at least {contract.MODEL_MAX_TOKENS} (one full text)")
         return self

@@ -43,8 +43,6 @@ def cxx_compiler() -> str | None:
 class TorchCompiledBackend(TorchBackend):
     """The reference model, fp32, traced by `torch.compile` with dynamic shapes and frozen weights."""
 
-    name = "torch-compiled"
-
     @classmethod
     def unavailable(cls) -> str | None:
         if cxx_compiler() is None:
@@ -68,8 +66,6 @@ class TorchBf16CompiledBackend(TorchCompiledBackend, TorchBf16Backend):
     re-casts fp32 weights on every call, and would cast these to the same values), then compiled as
     `torch-compiled` is, so predictions run under `torch-bf16`'s autocast and it needs both a compiler
     and bf16 units."""
-
-    name = "torch-bf16-compiled"
 
     def _prepare_weights(self) -> None:
         torch = self._torch

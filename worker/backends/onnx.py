@@ -48,8 +48,9 @@ class OnnxBackend(Backend):
         import onnxruntime as ort
         import transformers
 
+        # The loader stamps the registry's name and precision; these defaults serve direct construction.
         int8 = str(model_file) == INT8_MODEL
-        self.name = name or ("onnx-int8" if int8 else "onnx")
+        self.name = name or str(model_file)
         self.precision = precision or (REDUCED if int8 else FP32)
         self.labels = list(manifest.labels)
         self.identity = manifest.identity
@@ -88,7 +89,7 @@ class OnnxBackend(Backend):
 
 
 def load_onnx_backend(settings: WorkerSettings, int8: bool) -> OnnxBackend:
-    """The `onnx` or `onnx-int8` backend from this checkpoint's verified export (ExportError if unusable)."""
+    """The fp32 or int8 ONNX backend from this checkpoint's verified export (ExportError if unusable)."""
     model_file = INT8_MODEL if int8 else FP32_MODEL
     directory, sha = export_location(settings)
     manifest = verify_export(directory, sha, files=[])
@@ -98,3 +99,13 @@ def load_onnx_backend(settings: WorkerSettings, int8: bool) -> OnnxBackend:
     if int8:
         verify_int8_recipe(directory, manifest)
     return OnnxBackend(directory, manifest, model_file, settings.torch_threads)
+
+
+def load_onnx_fp32(settings: WorkerSettings) -> OnnxBackend:
+    """The export's fp32 graph (the registry's loader of `onnx`)."""
+    return load_onnx_backend(settings, int8=False)
+
+
+def load_onnx_int8(settings: WorkerSettings) -> OnnxBackend:
+    """The export's int8 graph (the registry's loader of `onnx-int8`)."""
+    return load_onnx_backend(settings, int8=True)

@@ -14,7 +14,6 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from worker.backends.base import REDUCED
 from worker.backends.torch import TorchBackend
 from worker.cpus import cpu_flags
 
@@ -59,9 +58,6 @@ def rowwise_unavailable() -> str | None:
 class TorchInt8Backend(TorchBackend):
     """`torch.ao.quantization.quantize_dynamic` on every Linear: int8 weights, activations quantized
     per batch (one scale per tensor), fbgemm/oneDNN VNNI kernels where the CPU has them."""
-
-    name = "torch-int8"
-    precision = REDUCED
 
     def __init__(self, detoxify: Any, identity: str) -> None:
         super().__init__(detoxify, identity)
@@ -115,9 +111,6 @@ class TorchBf16Backend(TorchBackend):
     """The fp32 model under `torch.autocast("cpu", bfloat16)`: matrix products in bf16 (AMX tiles on
     CPUs that have them), reductions such as softmax and LayerNorm kept in fp32 by autocast, and the
     classification head in fp32 (`FP32_HEAD`)."""
-
-    name = "torch-bf16"
-    precision = REDUCED
 
     @classmethod
     def unavailable(cls) -> str | None:

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from worker.backends.base import REDUCED
 from worker.backends.reduced import rowwise_unavailable
 from worker.backends.torch import TorchBackend
 
@@ -274,9 +273,6 @@ def search_plan(model: torch.nn.Module, passes_of: Callable[[torch.nn.Module], l
 class TorchRowwiseInt8Backend(TorchBackend):
     """The reference model with its Linear layers in per-row int8 (`RowwiseInt8Linear`), except what
     the plan keeps in bf16/fp32 (default: `default_plan`)."""
-
-    name = "torch-int8-rowwise"
-    precision = REDUCED
 
     @classmethod
     def unavailable(cls) -> str | None:

@@ -10,12 +10,13 @@ from typing import Any
 
 from toxfleet.contract import MODEL_MAX_TOKENS
 from worker.backends.base import Backend, pad_batch
+from worker.backends.registry import REFERENCE
 
 
 class TorchBackend(Backend):
     """The reference: exactly the model and tokenizer `detoxify.Detoxify` loads, in fp32."""
 
-    name = "torch"
+    name = REFERENCE  # the loader stamps every backend's registry name; this serves direct use
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -28,7 +29,7 @@ class TorchBackend(Backend):
         """Raise RuntimeError, saying why, if this backend cannot run on this machine."""
         reason = cls.unavailable()
         if reason is not None:
-            raise RuntimeError(f"TOXFLEET_BACKEND={cls.name} cannot run here: {reason}")
+            raise RuntimeError(f"{cls.__name__} cannot run here: {reason}")
 
     def __init__(self, detoxify: Any, identity: str) -> None:
         self.require()

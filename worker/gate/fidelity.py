@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from worker.backends.base import FP32, REDUCED, Backend
+from worker.backends import registry
+from worker.backends.base import FP32, Backend
 from worker.backends.loader import load_backend, unavailable
 from worker.gate.probes import probe_texts
 from worker.scorer import Scorer, planned
@@ -73,8 +74,7 @@ DEFAULT_TEXTS = 1024
 REFERENCE_CHECK_TEXTS = 24
 """Texts the reference also scores one per pass, to prove its padded passes match unpadded ones."""
 
-CANDIDATES = ("torch-compiled", "torch-int8", "torch-int8-rowwise", "torch-bf16", "torch-bf16-compiled", "onnx",
-              "onnx-int8")
+CANDIDATES = registry.candidates()
 """Backends gated by default, besides the reference."""
 
 SPEED_TEXTS = 256
@@ -205,7 +205,7 @@ def budget_for(precision: str) -> Budget:
 
 def precision_of(name: str) -> str:
     """A backend's precision class from its name, for rows of backends that could not load."""
-    return FP32 if name in ("torch", "torch-compiled", "onnx") else REDUCED
+    return registry.precision(name)
 
 
 def score(backend: Backend, texts: Sequence[str], settings: WorkerSettings) -> list[list[float]]:
