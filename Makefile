@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 MODELS ?= models
 
-.PHONY: venv run run-offline test test-faults soak lint checkpoints bench bench-quick bench-backends bench-cache bench-cpu bench-lanes export clean
+.PHONY: venv run run-offline test test-faults soak lint readme checkpoints bench bench-quick bench-backends bench-cache bench-cpu bench-lanes export clean
 
 venv: $(VENV)/.installed
 
@@ -111,6 +111,10 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+## Rewrite README.md's generated blocks (the configuration table) from the code that owns them.
+readme: $(VENV)/.installed-dev
+	$(PY) -m tools.readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -6,17 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from toxfleet.contract import FINISHED_STATES, JobState, LongText, Priority
 from toxfleet.thresholds import check_labels, check_threshold
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 """Job ids are UUID4 hex strings; anything else is rejected before Redis is asked."""
-
-JobStatus = Literal["queued", "running", "succeeded", "failed"]
-
-
-LongText = Literal["truncate", "windows"]
-
-Priority = Literal["interactive", "bulk"]
 
 
 class JobRequest(BaseModel):
@@ -43,7 +37,7 @@ class JobRequest(BaseModel):
 
 class JobAccepted(BaseModel):
     id: str
-    status: JobStatus = Field("queued", description="`succeeded` when the score cache answered every text at once.")
+    status: JobState = Field("queued", description="`succeeded` when the score cache answered every text at once.")
     url: str = Field(description="Where to GET the job (same as the Location header).")
 
 
@@ -57,9 +51,13 @@ class Flags(BaseModel):
     labels: dict[str, bool] = Field(description="Per label: at or above its threshold.")
 
 
+# The one job model: `api.services.read.ReadService` builds it and `GET /v1/jobs/{id}` returns it; the
+# client's `toxfleet.client.JobStatus` parses its JSON (tests/unit/test_job_model.py keeps them together).
 class Job(BaseModel):
+    """A job: its status and progress, and its results once succeeded."""
+
     id: str
-    status: JobStatus
+    status: JobState
     results: list[dict[str, float]] | None = Field(
         description="One {label: probability} per text, in input order, once succeeded; else null.")
     model: str | None = Field(description="The model that scored the job, once known.")
@@ -72,6 +70,10 @@ class Job(BaseModel):
     started_at: str | None = Field(None, description="When a worker started on it (RFC 3339, UTC); null until then.")
     finished_at: str | None = Field(None, description="When its last result was stored; null until finished.")
     expires_at: str | None = Field(None, description="When the job and its results are forgotten (404 after).")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATES
 
 
 class Problem(BaseModel):

@@ -18,6 +18,8 @@ Task `toxfleet.score` (queue `toxfleet` for interactive work, `toxfleet.bulk` fo
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from toxfleet.chunking import split
 
 SCORE_TASK = "toxfleet.score"
@@ -30,10 +32,19 @@ without a queue is routed here."""
 BULK_QUEUE = "toxfleet.bulk"
 """Queue of bulk scoring work (backfills): workers take it only when no interactive work waits."""
 
-INTERACTIVE = "interactive"
-BULK = "bulk"
-PRIORITIES = (INTERACTIVE, BULK)
-"""Values of a job's `priority`: the lane its messages travel in."""
+Priority = Literal["interactive", "bulk"]
+"""A job's `priority`: the lane its messages travel in (the API's request field reads this type)."""
+
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)
+INTERACTIVE: Priority = "interactive"
+BULK: Priority = "bulk"
+
+JobState = Literal["queued", "running", "succeeded", "failed"]
+"""A job's `status` as the API reports it (and the client reads it)."""
+
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
+FINISHED_STATES: tuple[JobState, ...] = ("succeeded", "failed")
+"""The states a job leaves no more."""
 
 QUEUES = (QUEUE, BULK_QUEUE)
 """Every queue workers consume, most urgent first (the order they read them in)."""
@@ -76,14 +87,16 @@ MODEL_MAX_TOKENS = 512
 """Longest input the Detoxify models read; longer texts are truncated."""
 
 
-TRUNCATE = "truncate"
+LongText = Literal["truncate", "windows"]
+"""The task's `long_text` keyword (and the HTTP request field of the same name, which reads this type)."""
+
+LONG_TEXT_MODES: tuple[LongText, ...] = get_args(LongText)
+
+TRUNCATE: LongText = "truncate"
 """`long_text` mode: score the first `MODEL_MAX_TOKENS` tokens only (Detoxify's own behaviour)."""
 
-WINDOWS = "windows"
+WINDOWS: LongText = "windows"
 """`long_text` mode: score overlapping windows of the model's length; each label is the max over them."""
-
-LONG_TEXT_MODES = (TRUNCATE, WINDOWS)
-"""Values of the task's `long_text` keyword (and of the HTTP request field of the same name)."""
 
 WINDOW_OVERLAP_TOKENS = 128
 """Tokens shared by consecutive windows, so a phrase of up to this many tokens that straddles a

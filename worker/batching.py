@@ -51,15 +51,6 @@ from toxfleet.contract import SENT_AT_HEADER
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCH_TOKENS = 2048
-"""Estimated tokens one pool call takes from the buffer (at least one request)."""
-
-DEFAULT_BULK_BATCH_TOKENS = 512
-"""Estimated tokens one pool call takes when only bulk work waits: about one task message
-(`toxfleet.contract.CHUNK_TOKENS`). A batch is never interrupted, so this bounds how long an
-interactive request that arrives next waits for a process."""
-
-
 _pool_tasks: dict[str, BatchTask] = {}
 
 
@@ -89,8 +80,12 @@ class BatchTask(Task):  # type: ignore[misc]
 
     abstract = True
     typing = True
-    batch_tokens: int = DEFAULT_BATCH_TOKENS
-    bulk_batch_tokens: int = DEFAULT_BULK_BATCH_TOKENS
+    batch_tokens: int
+    """Estimated tokens one pool call takes from the buffer (at least one request); the subclass sets it
+    from its settings (`TOXFLEET_BATCH_TOKENS`), which own the default."""
+    bulk_batch_tokens: int
+    """Estimated tokens one pool call takes when only bulk work waits (`TOXFLEET_BULK_BATCH_TOKENS`). A
+    batch is never interrupted, so this bounds how long an interactive request that arrives next waits."""
     max_retries: int = 2
     bulk_queues: frozenset[str] = frozenset()
     """Queues of low-priority work: buffered behind every request from another queue."""

@@ -1,31 +1,24 @@
 """Worker configuration: one pydantic-settings class, read once, failing fast on unsafe values.
 
-Every knob is an environment variable prefixed `TOXFLEET_` (plus `REDIS_URL`); each field's
-description is its documentation.
+The fields the API shares come from `fleet.settings.SharedSettings`; each field's description is
+its documentation, and the README's configuration table is generated from it (`python -m tools.readme`).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, Self
+from typing import Self
 
-from pydantic import AliasChoices, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
 
 from fleet import cache as cache_defaults
-from fleet import redis_url as urls
-from fleet.celeryconf import DEFAULT_VISIBILITY_TIMEOUT
-from fleet.keys import DEFAULT_REDIS_URL
+from fleet.settings import SharedSettings
 from toxfleet import contract
 from worker.backends import registry
 
 
-class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TOXFLEET_", extra="ignore")
-
-    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias=AliasChoices("REDIS_URL", "TOXFLEET_REDIS_URL"),
-                           description="Broker and result backend (redis:// or rediss://).")
+class WorkerSettings(SharedSettings):
     model: str = Field("unbiased-small", description="Detoxify model name, used when no checkpoint is given.")
     checkpoint: Path | None = Field(None, description="Detoxify-format .ckpt to load instead of downloading.")
     hf_config: Path | None = Field(None, description="Directory with the HF config and tokenizer (offline).")
@@ -42,7 +35,8 @@ class WorkerSettings(BaseSettings):
                     "default: `exports/` next to the checkpoint. Workers only read it; `python -m worker.export` "
                     "writes it.")
     concurrency: int | None = Field(None, ge=1, le=256,
-                                    description="Worker processes; default: physical cores the container may use.")
+                                    description="Worker processes; default: the physical cores the container may use "
+                                                "(cgroup quota aware).")
     torch_threads: int = Field(1, ge=1, le=64,
                                description="Intra-op threads per process (torch and ONNX Runtime backends alike).")
     pass_tokens: int = Field(1024, ge=64, le=65536,
@@ -64,14 +58,6 @@ class WorkerSettings(BaseSettings):
                                                  "512-token messages per process. Higher fills batches of short "
                                                  "texts better, but a busy worker then holds backlog that a worker "
                                                  "started to scale out should take.")
-    visibility_timeout: int = Field(DEFAULT_VISIBILITY_TIMEOUT, ge=5, le=86_400,
-                                    description="Seconds before Redis redelivers a message whose worker died "
-                                                "(after its last renewal: a live worker renews every message it "
-                                                "holds, buffered or being scored, every quarter of this, so a "
-                                                "slow batch or a long wait in the buffer is never redelivered). "
-                                                "Sets the recovery time after a whole worker dies: about this "
-                                                "+ 5 s + one batch.")
-    result_expires: int = Field(86_400, ge=60, le=30 * 86_400, description="Seconds results are kept.")
     process_start_timeout: float = Field(120.0, ge=5, le=3600,
                                          description="Seconds a new pool process may take to load the model.")
     sweep_seconds: float = Field(10.0, ge=0, le=3600,
@@ -80,16 +66,8 @@ class WorkerSettings(BaseSettings):
                                              "(worker/sweeper.py); 0: never.")
     max_retries: int = Field(2, ge=0, le=10,
                              description="Re-deliveries after a worker process died mid-batch, before failing.")
-    max_texts: int = Field(contract.MAX_TEXTS_PER_JOB, ge=1, le=100_000, description="Most texts per task.")
-    max_text_chars: int = Field(contract.MAX_TEXT_CHARS, ge=1, le=1_000_000, description="Most characters per text.")
     metrics_port: int = Field(9808, ge=0, le=65535,
                               description="Port of the worker's Prometheus endpoint (all its processes); 0: none.")
-    log_format: Literal["json", "text"] = Field("text", description="`json`: one JSON object per log line, "
-                                                "with the job ids (set in the Docker images); `text`: Celery's.")
-    cache: bool = Field(True, description="Score cache on: look texts up before scoring, store what was scored "
-                                          "(docs/client.md). The API answers fully cached jobs only while "
-                                          "every answering worker has it on.")
-    cache_url: str | None = Field(None, description="Redis for the score cache; default: REDIS_URL.")
     cache_ttl: int = Field(cache_defaults.DEFAULT_TTL, ge=1, le=365 * 86_400,
                            description="Seconds a cached score lives.")
     cache_max_entries: int = Field(cache_defaults.DEFAULT_MAX_ENTRIES, ge=1, le=1_000_000_000,
@@ -97,9 +75,6 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        urls.check(self.redis_url, "REDIS_URL")
-        if self.cache_url is not None:
-            urls.check(self.cache_url, "TOXFLEET_CACHE_URL")
         if (self.checkpoint is None) != (self.hf_config is None) and self.hf_config is not None:
             raise ValueError("TOXFLEET_HF_CONFIG needs TOXFLEET_CHECKPOINT")
         if self.checkpoint is not None and not self.checkpoint.is_file():

@@ -15,14 +15,11 @@ from api.schemas import (
     UNAUTHORIZED,
     UNAVAILABLE,
     VALIDATION,
-    Flags,
     Job,
     JobAccepted,
     JobRequest,
-    Progress,
     problem_responses,
 )
-from api.services.read import JobView
 from api.settings import ApiSettings
 from toxfleet import contract
 
@@ -52,14 +49,6 @@ def check_texts(texts: list[str], settings: ApiSettings, loc: tuple[str, ...] = 
             raise RequestValidationError([{"type": "string_unicode", "loc": (*loc, i), "input": None,
                                            "msg": "not valid Unicode: contains a lone surrogate "
                                                   "(U+D800-U+DFFF not in a pair)"}])
-
-
-def to_job(view: JobView) -> Job:
-    flags = [Flags(**f) for f in view.flags] if view.flags is not None else None
-    return Job(id=view.id, status=view.status, results=view.results, model=view.model, error=view.error,  # type: ignore[arg-type]
-               progress=Progress(done=view.done, total=view.total), flags=flags, cache_hits=view.cache_hits,
-               created_at=view.created_at, started_at=view.started_at, finished_at=view.finished_at,
-               expires_at=view.expires_at)
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=_ERRORS)
@@ -112,4 +101,4 @@ async def get_job(
     view = await caller.services.read.get(job_id, wait=wait, owner=caller.key)
     if not view.finished:
         response.headers["Retry-After"] = str(settings.retry_after)
-    return to_job(view)
+    return view

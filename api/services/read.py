@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,12 +19,14 @@ from redis.exceptions import RedisError
 
 from api.coalescer import pipelined
 from api.errors import BrokerUnavailable, JobNotFound
+from api.schemas import Job, Progress
 from api.services.manifests import ManifestCache
 from api.settings import ApiSettings
 from api.waiter import RESYNC, Queue, ResultWaiter
 from fleet import keys, logs, meta
 from fleet.meta import Meta
 from toxfleet import contract
+from toxfleet.contract import JobState
 from toxfleet.thresholds import Thresholds
 
 RECHECK_SECONDS = 1.0
@@ -46,30 +46,7 @@ def rfc3339(unix: float) -> str:
     return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-@dataclass(frozen=True)
-class JobView:
-    """A job as the API reports it."""
-
-    id: str
-    status: str  # queued | running | succeeded | failed
-    total: int
-    done: int
-    results: list[dict[str, float]] | None
-    model: str | None
-    error: str | None
-    flags: list[dict[str, Any]] | None = None
-    cache_hits: int = 0
-    created_at: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    expires_at: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.status in ("succeeded", "failed")
-
-
-Finished = Callable[[float, str | None, bool], Awaitable[JobView]]
+Finished = Callable[[float, str | None, bool], Awaitable[Job]]
 """`await finished(wait, owner, sent)`: the job `ReadService.expecting` watches, once finished or
 after `wait` seconds."""
 
@@ -86,7 +63,7 @@ class ReadService:
         self._waiter = waiter
         self._reads = pipelined(redis, transaction=False)
 
-    async def get(self, job_id: str, wait: float = 0.0, owner: str | None = None) -> JobView:
+    async def get(self, job_id: str, wait: float = 0.0, owner: str | None = None) -> Job:
         """The job now, or once finished if that happens within `wait` seconds; with `owner` (the
         caller's key id), JobNotFound unless that key created the job."""
         logs.bind_job(job_id)
@@ -114,7 +91,7 @@ class ReadService:
         watch began). Without it (the score cache answered the submit) they are read first."""
         result_keys = self._keys(job_id, chunks)
 
-        async def finished(wait: float, owner: str | None, sent: bool) -> JobView:
+        async def finished(wait: float, owner: str | None, sent: bool) -> Job:
             logs.bind_job(job_id)
             manifest = await self._manifest(job_id, owner)
             metas: list[Meta | None] = [None] * chunks if sent else await self._metas(result_keys)
@@ -130,17 +107,18 @@ class ReadService:
     def _keys(self, job_id: str, chunks: int) -> list[bytes]:
         return [self._result_key(contract.chunk_task_id(job_id, i)) for i in range(chunks)]
 
-    def _reported(self, view: JobView) -> JobView:
+    def _reported(self, view: Job) -> Job:
         job_id = view.id
         if view.finished:
             # On each read of a finished job (the API learns that a job finished only when asked): the
             # request's access line carries the outcome; a failure also gets a line, with its error.
-            logs.bind_fields(job_status=view.status, texts=view.total)
+            total = view.progress.total
+            logs.bind_fields(job_status=view.status, texts=total)
             if view.error:
-                logger.info("job %s %s: texts=%d", job_id, view.status, view.total,
-                            extra={"status": view.status, "texts": view.total, "error": view.error})
+                logger.info("job %s %s: texts=%d", job_id, view.status, total,
+                            extra={"status": view.status, "texts": total, "error": view.error})
             else:
-                logger.debug("job %s %s: texts=%d", job_id, view.status, view.total)
+                logger.debug("job %s %s: texts=%d", job_id, view.status, total)
         return view
 
     async def _manifest(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
@@ -157,37 +135,41 @@ class ReadService:
     def _not_found(self, job_id: str) -> JobNotFound:
         return JobNotFound(f"no job {job_id} (unknown, deleted, or expired after {self._settings.result_expires}s)")
 
-    def _view(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
+    def _view(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> Job:
         view = self._state(job_id, manifest, metas)
         created = manifest.get("created")
         started = [t for m in metas if m for t in [m.started_at or (m.date_done if m.final else None)] if t]
         finished = [m.date_done for m in metas if m and m.final and m.date_done]
-        return dataclasses.replace(
-            view, created_at=rfc3339(created) if created else None,
-            expires_at=rfc3339(created + self._settings.result_expires) if created else None,
-            started_at=rfc3339(min(map(parse_time, started))) if started else None,
-            finished_at=rfc3339(max(map(parse_time, finished))) if view.finished and finished else None)
+        return view.model_copy(update={
+            "created_at": rfc3339(created) if created else None,
+            "expires_at": rfc3339(created + self._settings.result_expires) if created else None,
+            "started_at": rfc3339(min(map(parse_time, started))) if started else None,
+            "finished_at": rfc3339(max(map(parse_time, finished))) if view.finished and finished else None})
 
-    def _state(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> JobView:
+    def _state(self, job_id: str, manifest: dict[str, Any], metas: list[Meta | None]) -> Job:
         sizes: list[int] = manifest["chunks"]
         total = sum(sizes)
         statuses = [m.status if m else None for m in metas]
         done = sum(n for n, s in zip(sizes, statuses, strict=True) if s == meta.SUCCESS)
+        progress = Progress(done=done, total=total)
         model = next((m.model for m in metas if m and m.model), None)
         hits = sum(m.cache_hits for m, s in zip(metas, statuses, strict=True) if m and s == meta.SUCCESS)
         for i, (m, status) in enumerate(zip(metas, statuses, strict=True)):
             if status == meta.FAILURE and m is not None:
                 where = f"chunk {i} of {len(sizes)}: " if len(sizes) > 1 else ""
-                return JobView(job_id, "failed", total, done, None, model, where + m.error, cache_hits=hits)
+                return Job(id=job_id, status="failed", progress=progress, results=None, model=model,
+                           error=where + m.error, cache_hits=hits)
         if all(s == meta.SUCCESS for s in statuses):
             results = [r for m in metas if m for r in m.result]
             # Jobs stored before thresholds existed are flagged with the configured ones.
             thresholds = Thresholds.from_json(manifest["thresholds"]) if "thresholds" in manifest \
                 else self._settings.base_thresholds
             flags = [thresholds.flags(r) for r in results]
-            return JobView(job_id, "succeeded", total, done, results, model, None, flags, hits)
-        status = "running" if any(s is not None for s in statuses) else "queued"
-        return JobView(job_id, status, total, done, None, model, None, cache_hits=hits)
+            return Job(id=job_id, status="succeeded", progress=progress, results=results, model=model, error=None,
+                       flags=flags, cache_hits=hits)  # type: ignore[arg-type]  # flags: validated into Flags
+        state: JobState = "running" if any(s is not None for s in statuses) else "queued"
+        return Job(id=job_id, status=state, progress=progress, results=None, model=model, error=None,
+                   cache_hits=hits)
 
     async def _metas(self, result_keys: list[bytes]) -> list[Meta | None]:
         def read(pipe: Any) -> None:
@@ -210,7 +192,7 @@ class ReadService:
         return [meta.parse(v) for v in values]
 
     async def _wait(self, job_id: str, manifest: dict[str, Any], result_keys: list[bytes], queue: Queue,
-                    metas: list[Meta | None], wait: float) -> JobView:
+                    metas: list[Meta | None], wait: float) -> Job:
         """From `metas` (the results as of when `queue` began to watch them) until the job is finished
         or `wait` seconds have passed."""
         deadline = time.monotonic() + wait

@@ -31,6 +31,7 @@ def _task(processes: int, batch_tokens: int) -> tuple[BatchTask, _Pool]:
     pool = _Pool(processes)
     task._pool = pool
     task.batch_tokens = batch_tokens
+    task.bulk_batch_tokens = 512
     return task, pool
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import AliasChoices, SecretStr, ValidationError
-from pydantic_core import PydanticUndefined
+from pydantic import ValidationError
 
 from api.settings import ApiSettings
+from fleet.settings import SharedSettings
 from testing import ROOT
-from worker.settings import WorkerSettings
+from tools import readme
+from worker.batching import BatchTask
+from worker.settings import WorkerSettings, get_settings
 
 
 def test_defaults_are_sane(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,39 +64,54 @@ def test_checkpoint_identity_names_the_file(tmp_path: Path, monkeypatch: pytest.
     assert WorkerSettings().model_identity == "checkpoint:mine/model.ckpt"
 
 
+def test_the_tiers_share_one_declaration_of_each_common_field() -> None:
+    """A knob both tiers read is declared once, in the shared base, and neither tier redeclares it (so
+    that its default and its limits cannot drift apart)."""
+    common = set(ApiSettings.model_fields) & set(WorkerSettings.model_fields)
+    assert common == set(SharedSettings.model_fields)
+    for tier in (ApiSettings, WorkerSettings):
+        assert not common & set(tier.__annotations__), tier
+
+
+def test_batch_budgets_default_from_the_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The running task takes its batch budgets from the worker's settings, whose defaults are the only
+    ones: the batching layer declares the knobs without a default of its own."""
+    for var in ("TOXFLEET_BATCH_TOKENS", "TOXFLEET_BULK_BATCH_TOKENS"):
+        monkeypatch.delenv(var, raising=False)
+    get_settings.cache_clear()
+    from worker.tasks import ScoreTask
+
+    task = ScoreTask()
+    fields = WorkerSettings.model_fields
+    assert task.batch_tokens == fields["batch_tokens"].default
+    assert task.bulk_batch_tokens == fields["bulk_batch_tokens"].default
+    assert not hasattr(BatchTask, "batch_tokens") and not hasattr(BatchTask, "bulk_batch_tokens")
+    monkeypatch.setenv("TOXFLEET_BATCH_TOKENS", str(fields["batch_tokens"].default + 1))
+    get_settings.cache_clear()
+    assert ScoreTask().batch_tokens == fields["batch_tokens"].default + 1
+    get_settings.cache_clear()
+
+
 README = ROOT / "README.md"
 
 
-def _readme_configuration() -> dict[str, str]:
-    """README's configuration table as {variable: default cell}; an `A` / `B` row gives each its part."""
-    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    rows: dict[str, str] = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or not cells[0].startswith("`"):
-            continue
-        names = [n.strip().strip("`") for n in cells[0].split(" / ")]
-        defaults = [d.strip().strip("`") for d in cells[1].split(" / ")]
-        rows.update(zip(names, defaults if len(defaults) == len(names) else [cells[1]] * len(names), strict=True))
-    return rows
+def test_readme_configuration_is_generated_from_the_settings() -> None:
+    """README's configuration table is what `python -m tools.readme` renders from the settings classes
+    now: a field added, or a default or description changed, without rerunning the tool fails here."""
+    assert readme.stale(README.read_text()) == [], "README.md is stale: run python -m tools.readme"
 
 
-@pytest.mark.parametrize("settings", [WorkerSettings, ApiSettings], ids=["worker", "api"])
-def test_readme_lists_every_setting_with_its_default(settings: type[WorkerSettings] | type[ApiSettings]) -> None:
-    """README's configuration table names every variable each tier reads, with the field's default
-    wherever the field has a plain one (None, empty secrets and factories are described in words there)."""
-    rows = _readme_configuration()
-    for name, field in settings.model_fields.items():
-        alias = field.validation_alias
-        variable = str(alias.choices[0]) if isinstance(alias, AliasChoices) else f"TOXFLEET_{name.upper()}"
-        assert variable in rows, f"README.md's configuration table lacks {variable}"
-        default = field.default
-        if default is None or default is PydanticUndefined or isinstance(default, SecretStr):
-            continue
-        if isinstance(default, bool):
-            shown = str(default).lower()  # as the environment variable is written
-        elif isinstance(default, float) and default.is_integer():
-            shown = str(int(default))
-        else:
-            shown = str(default)
-        assert rows[variable] == shown, (variable, rows[variable], shown)
+def test_the_generated_table_names_every_variable_once_with_its_default() -> None:
+    """Each tier's every field has one row, the shared ones once, with the default as it is written in
+    the environment; a block edited by hand is found stale and rendered back."""
+    table = readme.config()
+    for cls in (ApiSettings, WorkerSettings):
+        for name, field in cls.model_fields.items():
+            rows = [r for r in table.splitlines() if r.startswith(f"| `{readme.variable(name, field)}` |")]
+            assert len(rows) == 1, name
+    assert "| `TOXFLEET_BATCH_TOKENS` | 8192 | worker |" in table
+    assert "| `TOXFLEET_CACHE` | true | both |" in table and "| `TOXFLEET_THRESHOLDS` | `{}` | api |" in table
+    text = README.read_text()
+    edited = text.replace("| `TOXFLEET_BATCH_TOKENS` | 8192 |", "| `TOXFLEET_BATCH_TOKENS` | 2048 |")
+    assert edited != text and readme.stale(edited) == ["config"]
+    assert readme.render(edited) == text

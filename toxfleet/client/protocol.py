@@ -90,7 +90,9 @@ def parse_job(body: Mapping[str, Any]) -> answers.JobStatus:
     progress = body.get("progress") or {}
     return answers.JobStatus(id=body["id"], status=body["status"], done=int(progress.get("done", 0)),
                      total=int(progress.get("total", 0)), results=results, model=body.get("model"),
-                     error=body.get("error"), cache_hits=int(body.get("cache_hits") or 0))
+                     error=body.get("error"), cache_hits=int(body.get("cache_hits") or 0),
+                     created_at=body.get("created_at"), started_at=body.get("started_at"),
+                     finished_at=body.get("finished_at"), expires_at=body.get("expires_at"))
 
 
 def submit_body(texts: Sequence[str], long_text: str | None,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from toxfleet.contract import FINISHED_STATES, JobState
+
 
 @dataclass(frozen=True)
 class Result:
@@ -21,20 +23,26 @@ class Result:
 
 @dataclass(frozen=True)
 class JobStatus:
-    """A job as the server reports it. `results` is set once `status` is "succeeded"."""
+    """A job as the server reports it (the API's `Job`, with `progress` as `done`/`total` and each
+    text's flags in its `Result`). `results` is set once `status` is "succeeded"; the times are RFC 3339
+    (UTC), None until known."""
 
     id: str
-    status: str  # queued | running | succeeded | failed
+    status: JobState
     done: int
     total: int
     results: list[Result] | None
     model: str | None
     error: str | None
     cache_hits: int = 0
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    expires_at: str | None = None
 
     @property
     def finished(self) -> bool:
-        return self.status in ("succeeded", "failed")
+        return self.status in FINISHED_STATES
 
 
 class ToxfleetError(Exception):
