@@ -210,10 +210,10 @@ def test_api_dependencies_install_before_the_source_is_copied(stage: str) -> Non
     assert {"toxfleet/", "pyproject.toml"} <= copied
     # The server packages run from /opt/toxfleet/app, copied after each target's virtualenv.
     for target, packages in (("api", {"fleet/", "api/"}), ("flower", {"fleet/", "worker/", "tools/"})):
-        steps = [i.args for i in API_FILE.stage(target).instructions if i.keyword == "COPY"]
-        assert steps[0].startswith("--from=build-"), steps
-        assert {a.split()[0] for a in steps[1:]} == packages
-        assert all(a.split()[1].startswith("/opt/toxfleet/app/") for a in steps[1:])
+        target_copies = [i.args for i in API_FILE.stage(target).instructions if i.keyword == "COPY"]
+        assert target_copies[0].startswith("--from=build-"), target_copies
+        assert {a.split()[0] for a in target_copies[1:]} == packages
+        assert all(a.split()[1].startswith("/opt/toxfleet/app/") for a in target_copies[1:])
 
 
 @pytest.mark.parametrize("extra", ["api", "flower"])
