@@ -25,15 +25,16 @@ class WorkerSettings(SharedSettings):
     backend: str = Field(
         registry.AUTO,
         description="Inference backend: `auto` (the default): the fastest backend that passed the fidelity gate "
-                    "for this checkpoint on this kind of CPU (`python -m worker.export` decides; without a valid "
-                    "decision for this checkpoint, CPU and runtime, `auto` runs `torch` and logs why); or one by "
+                    "for this checkpoint on this kind of CPU (`python -m worker.export` or the image build decides; "
+                    "without a valid decision for this checkpoint, CPU and runtime, `auto` serves with `torch`, logs "
+                    "why, and the runtime gate decides in the background: TOXFLEET_RUNTIME_GATE); or one by "
                     f"name: {', '.join(f'`{n}`' for n in registry.names())} (`torch` is fp32, exactly Detoxify's "
                     "model: the reference). See docs/backends.md.")
     export_dir: Path | None = Field(
         None,
         description="Directory holding ahead-of-time ONNX exports, one subdirectory per checkpoint sha256; "
-                    "default: `exports/` next to the checkpoint. Workers only read it; `python -m worker.export` "
-                    "writes it.")
+                    "default: `exports/` next to the checkpoint. `python -m worker.export` writes it; a worker "
+                    "writes it only for the runtime gate (an export it lacks, its `decision.json`, if writable).")
     concurrency: int | None = Field(None, ge=1, le=256,
                                     description="Worker processes; default: the physical cores the container may use "
                                                 "(cgroup quota aware).")
