@@ -241,9 +241,15 @@ def test_a_gate_killed_leaves_the_worker_serving_and_is_retried_after_a_backoff(
         wait_for(lambda: "runtime gate failed (attempt 1" in worker.output(), 30, "the failure logged")
         failure = shared.failure(client, digest)
         assert failure is not None and failure["attempts"] == 1 and "killed by signal 9" in failure["reason"]
+        # The next beat (every 5 s) shows the failure, or already the retry.
+        def beats_backoff() -> bool:
+            beat = _beat(client, worker)
+            return beat is not None and (beat.gating or {}).get("state") in ("backoff", "gating") and (
+                beat.gating or {}).get("attempts") == 1
+
+        wait_for(beats_backoff, 15, "a heartbeat saying the gate failed once", interval=0.2)
         beat = _beat(client, worker)
         assert beat is not None and beat.backend == "torch" and beat.gating is not None
-        assert beat.gating["state"] in ("backoff", "gating"), beat.gating
         job = _submit(url)  # served meanwhile, by the reference
         body = _settle(url, [job], 60)[job]
         assert body["status"] == "succeeded", body

@@ -222,7 +222,7 @@ class Regater(threading.Thread):
         started = time.time()
         try:
             shared.record_run(client, digest, self._hostname, os.getpid())
-            outcome = self._run_gate()
+            outcome = self._run_gate(attempts)
         finally:
             with contextlib.suppress(RedisError):
                 shared.release_lock(client, digest, self._token)
@@ -284,9 +284,10 @@ class Regater(threading.Thread):
             argv += ["--backends", self._settings.gate_backends]
         return argv
 
-    def _run_gate(self) -> str | None:
+    def _run_gate(self, failed_before: int) -> str | None:
         """Run the gate subprocess to its end, renewing the lock: None on success, "lost" if another
-        worker holds the lock now (this gate was stopped), else why it failed."""
+        worker holds the lock now (this gate was stopped), else why it failed. `failed_before`: the
+        fleet's failed gates for this key so far (shown in the heartbeat)."""
         client, digest = self._client, self.digest
         deadline = time.monotonic() + self._settings.gate_timeout
         self._decision_file.unlink(missing_ok=True)
@@ -294,7 +295,7 @@ class Regater(threading.Thread):
         logger.info("runtime gate: started for key %s as pid %d (nice %d, %d thread(s)): %s", digest[:12],
                     run.proc.pid, self._settings.gate_nice, self._settings.torch_threads,
                     " ".join(self._gate_argv()[1:]))
-        self._set(state="gating", holder=self._token, pid=run.proc.pid, since=time.time())
+        self._set(state="gating", holder=self._token, pid=run.proc.pid, since=time.time(), attempts=failed_before)
         renew_every = min(LOCK_SECONDS / 3, POLL_SECONDS)  # also how fresh the progress others read is
         renewed = time.monotonic()
         while run.proc.poll() is None:
