@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toxfleet.contract import FINISHED_STATES, JobState, LongText, Priority
 from toxfleet.thresholds import check_labels, check_threshold
@@ -115,12 +115,32 @@ class GateFigures(BaseModel):
     decided_at: float | None = Field(None, description="When the gate decided (unix time).")
 
 
+class RuntimeGate(BaseModel):
+    """The runtime fidelity gate for a worker's kind of CPU (`auto` without a decision; docs/backends.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    state: str | None = Field(None, description="starting, waiting (another worker gates), gating (this one "
+                                                "does), exporting, backoff (after a failure), decided, unavailable "
+                                                "(Redis away).")
+    key: str | None = Field(None, description="The decision key (checkpoint, int8 recipe, CPU kind, versions).")
+    holder: str | None = Field(None, description="The worker process that holds the gate lock.")
+    progress: str | None = Field(None, description="The gate's last progress line.")
+    attempts: int | None = Field(None, description="Failed gates so far for this key.")
+    retry_at: float | None = Field(None, description="When the next gate may start (unix time).")
+    last_error: str | None = Field(None, description="Why the last gate failed.")
+
+
 class WorkerBackend(BaseModel):
     hostname: str
     model: str | None
     backend: str | None = Field(description="The backend this worker runs.")
     gate: GateFigures | None = Field(description="The gate figures behind it when `auto` chose it; "
                                                  "null for a backend set by name or `auto` without a decision.")
+    why: str | None = Field(None, description="Why this backend: set by name, the gate's decision, or why `auto` "
+                                              "runs the reference (null from older workers).")
+    gating: RuntimeGate | None = Field(None, description="The runtime gate for this worker's kind of CPU; null "
+                                                         "when it has nothing to gate.")
 
 
 class Readiness(BaseModel):

@@ -64,6 +64,24 @@ WORKERS_KEY = "toxfleet:workers"
 WORKER_INFO_PREFIX = "toxfleet:worker:"
 """Redis key prefix of a worker's `Heartbeat` (JSON), expiring."""
 
+GATE_PREFIX = "toxfleet:gate:"
+"""Redis key prefix of the runtime fidelity gate's records, one set per decision key (a digest of the
+checkpoint, the int8 recipe, the CPU's kernel signature and the deciding library versions):
+`decision:<digest>` (JSON of a worker's `Decision`), `lock:<digest>` (held by the one worker gating),
+`progress:<digest>` (its last progress line), `failed:<digest>` (the last failure and when to retry:
+the fleet's shared backoff) and `runs:<digest>` (a list, one entry per gate started)."""
+
+GATE_RECORD_SECONDS = 90 * 86_400
+"""How long a published decision and its history are kept (a new library version or image asks anew)."""
+
+
+def gate_key(kind: str, digest: str) -> str:
+    """The runtime gate's `kind` record ("decision", "lock", "progress", "failed", "runs") for a decision key."""
+    if kind not in ("decision", "lock", "progress", "failed", "runs"):
+        raise ValueError(f"unknown gate record {kind!r}")
+    return f"{GATE_PREFIX}{kind}:{digest}"
+
+
 HEARTBEAT_SECONDS = 5.0
 """Seconds between two heartbeats of a worker."""
 
@@ -109,6 +127,12 @@ class Heartbeat:
     gate: dict[str, Any] | None = None
     """When `auto` chose the backend: the fidelity gate's figures for it (`worker.gate.selection.gate_figures`:
     max_abs, p99_abs, flips_pct, min_spearman, texts_per_s, decided_at); None for a backend set by name."""
+    why: str | None = None
+    """Why this backend: set by name, the decision behind it, or why `auto` runs the reference."""
+    gating: dict[str, Any] | None = None
+    """With `auto`: the runtime gate for this worker's kind of CPU (`worker.gate.background`): `state`
+    (gating, waiting, backoff, decided, off, unavailable), and as known `holder`, `progress`, `attempts`,
+    `retry_at`, `last_error`; None from a worker that does not gate at run time."""
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -121,7 +145,9 @@ class Heartbeat:
                    configured=data.get("configured"), cache=bool(data.get("cache")),
                    concurrency=int(data.get("concurrency", 1)),
                    pid=data.get("pid"), host=data.get("host"), model_loads=data.get("model_loads"),
-                   gate=gate if isinstance(gate := data.get("gate"), dict) else None)
+                   gate=gate if isinstance(gate := data.get("gate"), dict) else None,
+                   why=why if isinstance(why := data.get("why"), str) else None,
+                   gating=gating if isinstance(gating := data.get("gating"), dict) else None)
 
     def write(self, pipe: Any, now: float) -> None:
         """Queue one beat on a (sync) pipeline: the hostname's time, and this description, which

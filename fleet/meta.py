@@ -3,7 +3,8 @@
 Written by the workers (STARTED when a batch claims a request, then the final result), by the API
 (a job answered from the score cache is stored exactly as a worker would store it) and read by the
 API (job views, long-polls) and the sweeper. Celery reads `status`, `result`, `traceback`,
-`children`, `date_done` and `task_id`; toxfleet adds `model` (who scored it), `batch` and
+`children`, `date_done` and `task_id`; toxfleet adds `model` (who scored it), `backend` (the
+worker's backend that scored it, from workers that say), `batch` and
 `cache_hits` (texts answered from the score cache) and `started_at` (ISO 8601 UTC, when the batch
 that scored it started; on STARTED and final metas), which Celery ignores. The worker's claim script
 (`worker.results`) also tests `status` against `FINAL_STATES` in Lua.

@@ -57,8 +57,9 @@ if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
 fi
 export FLOWER_BASIC_AUTH
 
-# What the configured backend needs (export; the fidelity gate for auto), only if missing: a failure
-# prints the reason and stops here, before any worker starts.
+# What the configured backend needs, only if missing (the export of a forced ONNX backend): a failure
+# prints the reason and stops here, before any worker starts. For auto it takes no time: the workers
+# serve with the reference at once and gate this CPU in the background, their progress in this terminal.
 echo "run: preparing TOXFLEET_BACKEND=${TOXFLEET_BACKEND:-auto}"
 "$VENV/bin/python" -m worker.export --prepare
 

@@ -138,12 +138,15 @@ class Proc:
 
 
 def base_env(redis_url: str, checkpoint: tuple[Path, Path] | None, **overrides: str) -> dict[str, str]:
-    """This environment without any TOXFLEET_ setting of the developer's, pointed at `redis_url`."""
+    """This environment without any TOXFLEET_ setting of the developer's, pointed at `redis_url`. The
+    runtime gate is off unless `overrides` turn it on: a worker on the tiny checkpoint without a decision
+    would otherwise gate every candidate in the background and change backend in the middle of a test."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
     # The server packages run from the checkout, not from site-packages: console scripts (celery,
     # uvicorn) find them through PYTHONPATH, wherever they are started.
     path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.update({"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path})
+    env.update({"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path,
+                "TOXFLEET_RUNTIME_GATE": "0"})
     if checkpoint is not None:
         env.update({"TOXFLEET_CHECKPOINT": str(checkpoint[0]), "TOXFLEET_HF_CONFIG": str(checkpoint[1])})
     env.update(overrides)

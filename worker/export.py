@@ -11,10 +11,12 @@ stale, runs the fidelity gate on this CPU (`worker.gate`) and writes the decisio
     python -m worker.export --backends onnx,onnx-int8   # gate only these (auto chooses among them)
     python -m worker.export --prepare      # what the configured backend needs, only if missing (`make run`)
 
-`--prepare` is what `scripts/run.sh` runs before the workers start. For `auto`: nothing when a valid
-decision exists for this checkpoint's sha256 on this CPU and these versions; else the export, then
-the gate, which writes the decision. For a forced backend that loads an export (`onnx`, `onnx-int8`):
-the export (no gate). For the torch backends: nothing.
+`--prepare` is what `scripts/run.sh` runs before the workers start. For `auto`: nothing (the workers
+serve with the reference at once, and their runtime gate exports and gates in the background,
+`worker.gate.background`), unless TOXFLEET_RUNTIME_GATE=0 and no valid decision exists for this
+checkpoint's sha256 on this CPU and these versions: then the export, then the gate, which writes the
+decision. For a forced backend that loads an export (`onnx`, `onnx-int8`): the export (no gate). For
+the torch backends: nothing.
 
 This module is an entry point on top of `worker.exports` and `worker.gate`; nothing imports it.
 """
@@ -89,6 +91,10 @@ def prepare(settings: WorkerSettings, texts: int | None = None, backends: list[s
         if not isinstance(decision, str):
             print(f"prepare: auto -> {decision.chosen}: cached decision for this checkpoint, CPU and versions "
                   f"(nothing to do)", flush=True)
+            return 0
+        if settings.runtime_gate:
+            print(f"prepare: auto: {decision}; the workers serve with the reference at once and gate this CPU "
+                  "in the background (progress in their log, state in /readyz)", flush=True)
             return 0
         print(f"prepare: auto: {decision}; exporting, then gating (minutes on a full-size model)", flush=True)
         return main(_gate_options(texts, backends))

@@ -30,10 +30,13 @@ class HeartbeatThread(threading.Thread):
     above zero, and removes the worker's entry on `stop()`. What a beat says is `fleet.keys.Heartbeat`."""
 
     def __init__(self, settings: WorkerSettings, hostname: str, concurrency: int, backend: str,
-                 model_loads: Callable[[], int], gate: dict[str, Any] | None = None) -> None:
+                 model_loads: Callable[[], int], gate: dict[str, Any] | None = None,
+                 status: Callable[[], dict[str, Any]] | None = None) -> None:
         super().__init__(name="toxfleet-heartbeat", daemon=True)
         self._redis = urls.sync_client(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         self._model_loads = model_loads
+        self._status = status
+        """What may change while the worker runs (backend, why, gate, gating), read at every beat."""
         self._beat = Heartbeat(hostname, model=settings.model_identity, backend=backend,
                                configured=settings.backend, cache=settings.cache,
                                concurrency=concurrency, pid=os.getpid(), host=socket.gethostname(), gate=gate)
@@ -46,7 +49,8 @@ class HeartbeatThread(threading.Thread):
             if loads:
                 try:
                     with self._redis.pipeline(transaction=False) as pipe:
-                        dataclasses.replace(self._beat, model_loads=loads).write(pipe, time.time())
+                        changing = self._status() if self._status is not None else {}
+                        dataclasses.replace(self._beat, model_loads=loads, **changing).write(pipe, time.time())
                         pipe.execute()
                 except Exception as exc:  # Redis away: keep trying, the API will call us absent
                     logger.debug("heartbeat failed: %r", exc)

@@ -21,7 +21,9 @@ from celery import signals
 from fleet import logs
 from worker import state
 from worker.exports.artifacts import ExportError
-from worker.gate.selection import check_backend, gate_figures
+from worker.gate.background import Regater
+from worker.gate.decision import Decision
+from worker.gate.selection import check, figures, why_chosen
 from worker.heartbeat import HeartbeatThread
 from worker.settings import get_settings
 from worker.sweeper import Sweeper
@@ -31,28 +33,32 @@ from worker.weights import NO_WEIGHTS_HELP, check_weights
 logger = logging.getLogger(__name__)
 
 _loaded: Any = None  # multiprocessing.Value("i"): model loads completed by this worker's pool processes
-_backend_name: str | None = None
-"""The backend `auto` resolved to in the main process, for the heartbeat (pool processes resolve alike)."""
-_backend_why = ""
-"""Why that backend (the gate's decision, or why `auto` runs the reference), logged once the worker is ready."""
-_backend_gate: dict[str, Any] | None = None
-"""The gate figures behind that backend when `auto` chose it, for the heartbeat (`/readyz`)."""
+_backend: dict[str, Any] = {"backend": None, "why": "", "gate": None}
+"""What the main process says its pool processes run (they inherit its resolution, and follow its
+switch): the backend, why (the gate's decision, or why `auto` runs the reference), and the gate
+figures behind it when `auto` chose it; for the log and the heartbeat (`/readyz`)."""
+_regater: Regater | None = None
 _heartbeat: HeartbeatThread | None = None
 _sweeper: Sweeper | None = None
 
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    global _loaded, _backend_name, _backend_why, _backend_gate
+    global _loaded
     settings = get_settings()
     check_weights(settings)
     try:
-        _backend_name, _backend_why = check_backend(settings)
-        _backend_gate = gate_figures(settings, _backend_name)
+        # Resolved once, here: the pool processes forked later inherit it (and the checkpoint's hash).
+        state.resolved = check(settings)
     except ExportError as exc:
         raise SystemExit(f"toxfleet worker: TOXFLEET_BACKEND={settings.backend}: {exc}") from None
-    # Shared memory the pool processes (forked later) count their finished model loads into.
+    decision = state.resolved.decision
+    _backend.update(backend=state.resolved.name, why=state.resolved.why,
+                    gate=figures(decision) if decision is not None else None)
+    # Shared memory the pool processes (forked later) count their finished model loads into, and read
+    # the backend to run from before each batch.
     _loaded = multiprocessing.Value("i", 0)
+    state.switch = state.Switch(state.resolved.name)
 
 
 @signals.celeryd_init.connect
@@ -103,19 +109,54 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     global _heartbeat, _sweeper
     # Logged here, not at worker_init: Celery sets up logging after worker_init, and with text logs a
     # line logged before that is dropped.
-    logger.info("backend %s (%s)", _backend_name, _backend_why)
+    logger.info("backend %s (%s)", _backend["backend"], _backend["why"])
     settings = get_settings()
     _heartbeat = HeartbeatThread(settings, sender.hostname, sender.controller.concurrency,
-                                 _backend_name or settings.backend, _model_loads, _backend_gate)
+                                 _backend["backend"] or settings.backend, _model_loads, _backend["gate"],
+                                 status=_status)
     _heartbeat.start()
+    _start_regater(settings, sender.hostname)
     if settings.sweep_seconds > 0:
         _sweeper = Sweeper(settings.redis_url, score.backend.get_key_for_task,
                            score.publish_again, settings.sweep_seconds, settings.result_expires)
         _sweeper.start()
 
 
+def _start_regater(settings: Any, hostname: str) -> None:
+    """With `auto` and no valid decision: get one (adopted from Redis, or gated) in the background."""
+    global _regater
+    resolved = state.resolved
+    if (settings.backend != "auto" or resolved is None or resolved.decided or resolved.sha is None
+            or resolved.directory is None):
+        return
+    if not settings.runtime_gate:
+        logger.info("runtime gate off (TOXFLEET_RUNTIME_GATE=0): staying on %s", resolved.name)
+        return
+    _regater = Regater(settings, hostname, resolved.directory, resolved.sha, resolved.name, _switch_to,
+                       serving=lambda: _model_loads() > 0)
+    _regater.start()
+
+
+def _switch_to(decision: Decision) -> None:
+    """Point the pool processes at the decision's backend: each loads it before its next batch."""
+    why = f"runtime gate: {why_chosen(decision)}"
+    _backend.update(backend=decision.chosen, why=why, gate=figures(decision))
+    if state.switch is not None:
+        generation = state.switch.set(decision.chosen)
+        logger.info("backend %s (%s); pool processes switch before their next batch (generation %d)",
+                    decision.chosen, why, generation)
+
+
+def _status() -> dict[str, Any]:
+    """What the heartbeat says may change: the backend, why, its gate figures, the runtime gate's state."""
+    regater = _regater
+    return {**_backend, "gating": regater.status() if regater is not None else None}
+
+
 @signals.worker_shutdown.connect
 def _on_shutdown(**_: Any) -> None:
+    if _regater is not None:
+        _regater.stop()
     if _sweeper is not None:
         _sweeper.stop()
     if _heartbeat is not None:

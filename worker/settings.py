@@ -25,15 +25,16 @@ class WorkerSettings(SharedSettings):
     backend: str = Field(
         registry.AUTO,
         description="Inference backend: `auto` (the default): the fastest backend that passed the fidelity gate "
-                    "for this checkpoint on this kind of CPU (`python -m worker.export` decides; without a valid "
-                    "decision for this checkpoint, CPU and runtime, `auto` runs `torch` and logs why); or one by "
+                    "for this checkpoint on this kind of CPU (`python -m worker.export` or the image build decides; "
+                    "without a valid decision for this checkpoint, CPU and runtime, `auto` serves with `torch`, logs "
+                    "why, and the runtime gate decides in the background: TOXFLEET_RUNTIME_GATE); or one by "
                     f"name: {', '.join(f'`{n}`' for n in registry.names())} (`torch` is fp32, exactly Detoxify's "
                     "model: the reference). See docs/backends.md.")
     export_dir: Path | None = Field(
         None,
         description="Directory holding ahead-of-time ONNX exports, one subdirectory per checkpoint sha256; "
-                    "default: `exports/` next to the checkpoint. Workers only read it; `python -m worker.export` "
-                    "writes it.")
+                    "default: `exports/` next to the checkpoint. `python -m worker.export` writes it; a worker "
+                    "writes it only for the runtime gate (an export it lacks, its `decision.json`, if writable).")
     concurrency: int | None = Field(None, ge=1, le=256,
                                     description="Worker processes; default: the physical cores the container may use "
                                                 "(cgroup quota aware).")
@@ -73,6 +74,31 @@ class WorkerSettings(SharedSettings):
     cache_max_entries: int = Field(cache_defaults.DEFAULT_MAX_ENTRIES, ge=1, le=1_000_000_000,
                                    description="Most cached scores kept (about 0.7 KB each); the oldest go first.")
 
+    # The runtime fidelity gate (`worker.gate.background`): with `auto` and no valid decision, the fleet
+    # gates its kind of CPU itself, one worker at a time, at low priority, while it serves with `torch`.
+    runtime_gate: bool = Field(True, description="With `auto` and no valid decision for this checkpoint and CPU: "
+                                                 "adopt one another worker published in Redis, or gate this kind "
+                                                 "of CPU in the background (one worker per kind) and switch the "
+                                                 "pool processes to the winner between batches. Off: `auto` "
+                                                 "runs `torch` until `python -m worker.export` decides.")
+    gate_texts: int | None = Field(None, ge=8, le=100_000,
+                                   description="Texts in the runtime gate's corpus; default: the gate's own "
+                                               "(`python -m worker.gate --texts`).")
+    gate_backends: str | None = Field(None, description="Comma-separated backends the runtime gate measures "
+                                                        "against `torch`; default: every gate candidate.")
+    gate_nice: int = Field(19, ge=0, le=19,
+                           description="CPU priority (nice) of the runtime gate's subprocess: 19, the lowest, lets it "
+                                       "use only what the pool processes leave idle; lower finishes sooner on a busy "
+                                       "host at the cost of serving.")
+    gate_timeout: float = Field(3600.0, ge=10, le=86_400,
+                                description="Seconds a runtime gate (export included) may run before it is "
+                                            "killed and counted as failed.")
+    gate_retry_seconds: float = Field(60.0, ge=1, le=86_400,
+                                      description="Wait after a failed runtime gate before the fleet tries again; "
+                                                  "doubled after each further failure.")
+    gate_retry_max_seconds: float = Field(3600.0, ge=1, le=7 * 86_400,
+                                          description="Longest wait between two runtime gates that failed.")
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         if (self.checkpoint is None) != (self.hf_config is None) and self.hf_config is not None:
@@ -83,6 +109,11 @@ class WorkerSettings(SharedSettings):
             raise ValueError(f"TOXFLEET_HF_CONFIG={self.hf_config} is not a directory")
         if self.backend not in registry.setting_values():
             raise ValueError(f"TOXFLEET_BACKEND={self.backend!r} is not one of {', '.join(registry.setting_values())}")
+        if self.gate_backends is not None:
+            unknown = [b for b in self.gate_backends.split(",") if b and b not in registry.names()]
+            if unknown:
+                raise ValueError(f"TOXFLEET_GATE_BACKENDS: {', '.join(unknown)} not among "
+                                 f"{', '.join(registry.names())}")
         if self.pass_tokens < contract.MODEL_MAX_TOKENS:
             raise ValueError(f"TOXFLEET_PASS_TOKENS must be at least {contract.MODEL_MAX_TOKENS} (one full text)")
         return self

@@ -107,7 +107,7 @@ class ScoreTask(BatchTask):
         settings = get_settings()
         scorer = state.scorer()
         store = ResultStore(self.backend)
-        extra: dict[str, Any] = {"model": scorer.backend.identity,
+        extra: dict[str, Any] = {"model": scorer.backend.identity, "backend": scorer.backend.name,
                                  "batch": {"id": batch_id, "requests": len(requests), "pid": os.getpid()},
                                  "started_at": datetime.now(UTC).isoformat()}
         outcomes: dict[str, dict[str, Any]] = {}

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from api.deps import FleetDep
-from api.schemas import GateFigures, Health, Readiness, WorkerBackend
+from api.schemas import GateFigures, Health, Readiness, RuntimeGate, WorkerBackend
 
 router = APIRouter(tags=["health"])
 
@@ -30,7 +30,9 @@ async def readyz(fleet: FleetDep) -> Readiness | JSONResponse:
         return JSONResponse(body.model_dump(), status_code=503, headers={"Retry-After": "2"})
     models = sorted({w.model or "?" for w in workers})
     backends = [WorkerBackend(hostname=w.hostname, model=w.model, backend=w.backend,
-                              gate=GateFigures.model_validate(w.gate) if w.gate else None) for w in workers]
+                              gate=GateFigures.model_validate(w.gate) if w.gate else None, why=w.why,
+                              gating=RuntimeGate.model_validate(w.gating) if w.gating else None)
+                for w in workers]
     return Readiness(status="ready", broker="ok", workers=len(workers), models=models, queue_depth=depth,
                      backends=backends)
 

@@ -1,8 +1,9 @@
-"""`python -m worker.export --prepare` (what `make run` runs before the workers): on the tiny
-checkpoint with a private export directory, as separate processes, as scripts/run.sh calls it but on a
-smaller corpus and without the compiled candidates (tracing them costs tens of seconds each; the image
-step's test in test_backends gates them all); then a real worker that `auto` gave the chosen backend
-reports it, with its gate figures, in `/readyz`."""
+"""`python -m worker.export --prepare` (what `make run` runs before the workers) on the tiny checkpoint
+with a private export directory, as separate processes, as scripts/run.sh calls it but on a smaller
+corpus and without the compiled candidates (tracing them costs tens of seconds each; the image step's
+test in test_backends gates them all). For `auto` it gates only with the runtime gate off (otherwise
+the workers gate behind the fleet: test_runtime_gate); then a real worker that `auto` gave the chosen
+backend reports it, with its gate figures, in `/readyz`."""
 
 from __future__ import annotations
 
@@ -31,15 +32,26 @@ def _prepare(env: dict[str, str], **extra: str) -> tuple[subprocess.CompletedPro
     return done, time.perf_counter() - started
 
 
-def _env(tiny_checkpoint: tuple[Path, Path], exports: Path) -> dict[str, str]:
+def _env(tiny_checkpoint: tuple[Path, Path], exports: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
     env.update(TOXFLEET_CHECKPOINT=str(tiny_checkpoint[0]), TOXFLEET_HF_CONFIG=str(tiny_checkpoint[1]),
-               TOXFLEET_EXPORT_DIR=str(exports), HF_HUB_OFFLINE="1")
+               TOXFLEET_EXPORT_DIR=str(exports), HF_HUB_OFFLINE="1", **extra)
     return env
 
 
-def test_auto_prepares_once_then_says_cached(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
-    env = _env(tiny_checkpoint, tmp_path / "exports")
+def test_auto_prepare_leaves_the_gate_to_the_workers(tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
+    """With the runtime gate on (the default), `make run`'s prepare step does nothing slow for `auto`:
+    no export, no gate; it says the workers gate in the background."""
+    done, _ = _prepare(_env(tiny_checkpoint, tmp_path / "exports"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no fidelity decision" in done.stdout and "gate this CPU in the background" in done.stdout, done.stdout
+    assert "gate:" not in done.stderr
+    assert not (tmp_path / "exports").exists()
+
+
+def test_auto_without_the_runtime_gate_prepares_once_then_says_cached(tiny_checkpoint: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    env = _env(tiny_checkpoint, tmp_path / "exports", TOXFLEET_RUNTIME_GATE="0")
     first, first_s = _prepare(env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "exporting, then gating" in first.stdout and "auto -> " in first.stdout, first.stdout
@@ -56,7 +68,7 @@ def test_auto_prepares_once_then_says_cached(tiny_checkpoint: tuple[Path, Path],
 def test_readyz_shows_each_workers_backend_and_the_gate_behind_it(tiny_checkpoint: tuple[Path, Path],
                                                                   tmp_path: Path, redis_server) -> None:  # type: ignore[no-untyped-def]
     exports = tmp_path / "exports"
-    done, _ = _prepare(_env(tiny_checkpoint, exports))
+    done, _ = _prepare(_env(tiny_checkpoint, exports, TOXFLEET_RUNTIME_GATE="0"))
     assert done.returncode == 0, done.stdout + done.stderr
     (directory,) = [p.parent for p in exports.glob(f"*/{DECISION_FILE}")]
     decision = Decision.read(directory)

@@ -180,10 +180,24 @@ def export_root(settings: WorkerSettings, checkpoint: Path) -> Path:
     return settings.export_dir.resolve() if settings.export_dir is not None else checkpoint.parent / "exports"
 
 
+_checkpoint_sha: dict[tuple[Path, int, int, int], str] = {}
+"""Checkpoint sha256 by (path, inode, size, mtime): a process hashes a checkpoint once, and the pool
+processes a worker forks inherit what its main process hashed."""
+
+
+def checkpoint_sha256(checkpoint: Path) -> str:
+    """The checkpoint's sha256, hashed once per process while the file is unchanged."""
+    st = checkpoint.stat()
+    key = (checkpoint, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _checkpoint_sha:
+        _checkpoint_sha[key] = sha256_file(checkpoint)
+    return _checkpoint_sha[key]
+
+
 def export_location(settings: WorkerSettings) -> tuple[Path, str]:
-    """(directory of this checkpoint's export, checkpoint sha256); hashes the checkpoint once."""
+    """(directory of this checkpoint's export, checkpoint sha256); hashes the checkpoint once per process."""
     checkpoint = checkpoint_file(settings)
-    sha = sha256_file(checkpoint)
+    sha = checkpoint_sha256(checkpoint)
     return export_root(settings, checkpoint) / sha, sha
 
 

@@ -43,12 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require", default="", help="comma-separated backends that must pass (exit 1 otherwise)")
     parser.add_argument("--write-decision", action="store_true",
                         help="record the table and the fastest passing backend for TOXFLEET_BACKEND=auto")
+    parser.add_argument("--decision-file", type=Path,
+                        help="write the decision to this file instead of the export directory (implies "
+                             "--write-decision): the runtime gate's, where the image's export directory is read-only")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     settings = WorkerSettings()
     backends = args.backends
     required = [b for b in args.require.split(",") if b]
-    if args.write_decision or any(b.startswith("onnx") for b in backends):
+    write = args.write_decision or args.decision_file is not None
+    if write or any(b.startswith("onnx") for b in backends):
         ensure_export(settings)
     rows = run_gate(settings, backends, gate_texts(args.texts),
                     lambda step: print(f"gate: {step}", file=sys.stderr, flush=True))
@@ -63,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         if not any(r.backend == name and r.passed for r in rows):
             print(f"fidelity: required backend {name} did not pass", file=sys.stderr)
             status = 1
-    if args.write_decision:
+    if write:
         directory, sha = export_location(settings)
         decision = Decision(checkpoint_sha256=sha, chosen=choose(rows), rows=[asdict(r) for r in rows],
                             threads=settings.torch_threads, texts=args.texts)
-        print(f"auto -> {decision.chosen} (written to {decision.write(directory)})")
+        path = decision.write(directory) if args.decision_file is None else decision.write_file(args.decision_file)
+        print(f"auto -> {decision.chosen} (written to {path})")
     return status

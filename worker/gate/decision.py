@@ -47,7 +47,10 @@ class Decision:
     created: float = field(default_factory=time.time)
 
     def write(self, directory: Path) -> Path:
-        path = directory / DECISION_FILE
+        return self.write_file(directory / DECISION_FILE)
+
+    def write_file(self, path: Path) -> Path:
+        """Write it to `path` at once (through a temporary file beside it)."""
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
         tmp.replace(path)
@@ -55,7 +58,11 @@ class Decision:
 
     @classmethod
     def read(cls, directory: Path) -> Decision:
-        return cls(**json.loads((directory / DECISION_FILE).read_text()))
+        return cls.read_file(directory / DECISION_FILE)
+
+    @classmethod
+    def read_file(cls, path: Path) -> Decision:
+        return cls(**json.loads(path.read_text()))
 
     def invalid_because(self, checkpoint_sha: str) -> str | None:
         """Why this decision does not hold for what runs now, or None if it does."""
