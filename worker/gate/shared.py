@@ -1,5 +1,5 @@
 """The runtime gate's records in Redis: one decision per decision key, shared by the fleet, and the
-lock, progress, failure and history records around it (key names: `toxfleet.keys.gate_key`).
+lock, progress, failure and history records around it (key names: `fleet.keys.gate_key`).
 
 A decision key is a digest of what a decision depends on: the checkpoint's sha256, the int8 recipe, the
 CPU's kernel signature and the deciding library versions. Workers on the same kind of CPU, running the
