@@ -36,11 +36,11 @@ import redis
 
 from fleet import redis_url as urls
 from fleet.corpus import CommentCorpus
+from fleet.keys import UNACKED_KEY
 from testing.processes import ROOT, wait_for
 from testing.scoring import BackgroundScore
 from toxfleet import contract
 from toxfleet.client.protocol import Submission
-from fleet.keys import UNACKED_KEY
 
 FINAL = ("SUCCESS", "FAILURE")
 
