@@ -57,6 +57,8 @@ class ResultObserver(threading.Thread):
         self.first_at: dict[str, float] = {}
         self.first: dict[str, tuple[str, Any]] = {}
         self.changed: set[str] = set()
+        self.changes: dict[str, str] = {}
+        """Task id -> how its later publication differed (`describe_change`), for the case's report."""
         self.stopped = threading.Event()
         self.subscribed = threading.Event()
 
@@ -84,6 +86,41 @@ class ResultObserver(threading.Thread):
             self.first[task_id] = outcome
         elif self.first[task_id] != outcome:
             self.changed.add(task_id)
+            self.changes.setdefault(task_id, describe_change(self.first[task_id], outcome))
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, Mapping):
+        return [n for k in sorted(value) for n in _numbers(value[k])]
+    if isinstance(value, list | tuple):
+        return [n for v in value for n in _numbers(v)]
+    return []
+
+
+def describe_change(first: Any, later: Any) -> str:
+    """How two readings of one final result differ: whether only numbers moved (and by how much at
+    most), or its shape or text did."""
+    a, b = _numbers(first), _numbers(later)
+    if len(a) == len(b) and json.dumps(_strip(first)) == json.dumps(_strip(later)):
+        return f"numbers only, max |diff| {max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0):.2e}"
+    return f"{json.dumps(first, default=str)[:160]} -> {json.dumps(later, default=str)[:160]}"
+
+
+def _strip(value: Any) -> Any:
+    """`value` with every number replaced by 0 (what is left to compare once numbers are set aside)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return 0
+    if isinstance(value, Mapping):
+        return {k: _strip(v) for k, v in sorted(value.items())}
+    if isinstance(value, list | tuple):
+        return [_strip(v) for v in value]
+    return str(value)
 
 
 @dataclass
@@ -211,15 +248,16 @@ class Load:
         self.resubmitted += 1
         return new_id
 
-    def reread(self) -> tuple[set[str], set[str]]:
-        """Every job read final, read again: (jobs whose status or results now differ, jobs now unknown)."""
-        changed, vanished = set(), set()
+    def reread(self) -> tuple[dict[str, str], set[str]]:
+        """Every job read final, read again: (job id -> how its status or results now differ, jobs now unknown)."""
+        changed, vanished = {}, set()
         for job_id, body in self.bodies.items():
             r = httpx.get(f"{self.api}/v1/jobs/{job_id}", timeout=10)
             if r.status_code == 404:
                 vanished.add(job_id)
             elif r.status_code != 200 or _outcome(r.json()) != _outcome(body):
-                changed.add(job_id)
+                now = _outcome(r.json()) if r.status_code == 200 else r.text
+                changed[job_id] = describe_change(_outcome(body), now)
         return changed, vanished
 
 
@@ -265,21 +303,28 @@ def measure(name: str, *, accepted: Iterable[str], final: Mapping[str, float], o
     return {**figures, "recovery_s": last - fault_at}
 
 
+def noted(how: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A case's extra figures, with how each changed result changed when one did (a finding)."""
+    return {**extra, **({"changed_how": dict(how)} if how else {})}
+
+
 def summarize(name: str, load: Load, observer: ResultObserver, log: ExecutionLog, fault_at: float,
               affected_tasks: Iterable[str] | None = None, **extra: Any) -> dict[str, Any]:
     """A Load's run: lost from its reads, rescored from the execution log, changed from the observer
     and a second read of every final job, recovery from the fault to the last affected job's final."""
     observed = {j: job_final_at(observer, j, len(contract.chunk(t))) for j, t in load.texts.items()}
     changed, vanished = load.reread()
-    changed |= {contract.job_of(t) for t in observer.changed}
+    changed.update({contract.job_of(t): f"published again: {how}" for t, how in observer.changes.items()})
+    how = {j: h for j, h in changed.items() if j in load.texts}
     failed_without_reason = sum(1 for b in load.bodies.values() if b["status"] == "failed" and not b.get("error"))
     statuses = Counter(b["status"] for b in load.bodies.values())
     return measure(name, accepted=load.texts, final=load.read_at, observed=observed,
-                   rescored=log.rescored(canonical_task(load.original)), changed=len(changed & set(load.texts)),
+                   rescored=log.rescored(canonical_task(load.original)), changed=len(how),
                    fault_at=fault_at, affected=None if affected_tasks is None else affected_jobs(load, affected_tasks),
                    succeeded=statuses["succeeded"], failed=statuses["failed"],
                    failed_without_reason=failed_without_reason, vanished=len(vanished),
-                   resubmitted=load.resubmitted, refused=sum(load.refused.values()), **extra)
+                   resubmitted=load.resubmitted, refused=sum(load.refused.values()),
+                   **noted(how, extra))
 
 
 def client_summary(name: str, load: BackgroundScore, observer: ResultObserver, log: ExecutionLog, fault_at: float,
@@ -293,11 +338,13 @@ def client_summary(name: str, load: BackgroundScore, observer: ResultObserver, l
         ended[key] = next((j for j in ids if j in client.final), ids[-1])
         observed[ended[key]] = job_final_at(observer, ended[key], len(contract.chunk(client.texts[key])))
     changed, vanished = client.reread(api_url)
-    changed |= {contract.job_of(t) for t in observer.changed}
+    changed.update({contract.job_of(t): f"published again: {how}" for t, how in observer.changes.items()})
+    how = {j: h for j, h in changed.items() if j in set(ended.values())}
     return measure(name, accepted=ended.values(), final={j: t for j, (t, _) in client.final.items()},
                    observed=observed, rescored=log.rescored(canonical_task(client.original())),
-                   changed=len(changed & set(ended.values())), fault_at=fault_at, vanished=len(vanished),
-                   resubmitted=sum(len(ids) - 1 for ids in client.accepted.values()), **extra)
+                   changed=len(how), fault_at=fault_at, vanished=len(vanished),
+                   resubmitted=sum(len(ids) - 1 for ids in client.accepted.values()),
+                   **noted(how, extra))
 
 
 def affected_jobs(load: Load, task_ids: Iterable[str]) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 from toxfleet.client import Client, JobNotFound, JobStatus, Result
@@ -45,16 +46,20 @@ class TrackingClient(Client):
         """Each job id -> the id its submission was first accepted under."""
         return {j: ids[0] for ids in self.accepted.values() for j in ids}
 
-    def reread(self, url: str) -> tuple[set[str], set[str]]:
-        """Every job read final, read again: (those whose status now differs, those now unknown)."""
-        changed, vanished = set(), set()
+    def reread(self, url: str) -> tuple[dict[str, str], set[str]]:
+        """Every job read final, read again: (job id -> how its status now differs, jobs now unknown)."""
+        changed, vanished = {}, set()
         with Client(url) as plain:
             for job_id, (_, first) in self.final.items():
                 try:
-                    if plain.job_status(job_id) != first:
-                        changed.add(job_id)
+                    now = plain.job_status(job_id)
                 except JobNotFound:
                     vanished.add(job_id)
+                    continue
+                if now != first:
+                    differ = [f.name for f in fields(first) if getattr(first, f.name) != getattr(now, f.name)]
+                    changed[job_id] = ", ".join(f"{n}: {getattr(first, n)!r:.80} -> {getattr(now, n)!r:.80}"
+                                                for n in differ)
         return changed, vanished
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.soak import memory_verdict
-from testing.faults import ExecutionLog, ResultObserver, canonical_task, measure
+from testing.faults import ExecutionLog, ResultObserver, canonical_task, describe_change, measure
 from worker import executions
 
 
@@ -62,3 +62,9 @@ def test_memory_verdict_judges_the_slope_against_the_bound() -> None:
     assert not verdict["processes"]["w0:2"]["passed"]  # bound 0.071 MB/min
     assert verdict["not_judged"] == ["r3:9"] and not verdict["passed"]
     assert not memory_verdict({}, 5.0, 2.0)["passed"]  # nothing judged proves nothing
+
+
+def test_a_change_says_whether_only_numbers_moved() -> None:
+    assert describe_change(("SUCCESS", [{"toxicity": 0.5}]), ("SUCCESS", [{"toxicity": 0.5000001}])) \
+        == "numbers only, max |diff| 1.00e-07"
+    assert describe_change(("SUCCESS", [1.0]), ("FAILURE", "lost")).startswith('["SUCCESS"')
