@@ -19,6 +19,11 @@ _PREDICT_BATCH = 32
 """Texts per `Detoxify.predict` call when computing the expected scores."""
 
 
+RESULT_FIELDS = frozenset({"status", "results", "error", "model"})
+"""What a job's final result is, for `TrackingClient.reread`: a request scored again may restamp its
+`started_at`/`finished_at`, which is not a different result."""
+
+
 class TrackingClient(Client):
     """The official client, noting what a fault case measures through it: every job id the server
     accepted, per submission (a resubmit under the same Idempotency-Key is the same job), and each
@@ -47,7 +52,8 @@ class TrackingClient(Client):
         return {j: ids[0] for ids in self.accepted.values() for j in ids}
 
     def reread(self, url: str) -> tuple[dict[str, str], set[str]]:
-        """Every job read final, read again: (job id -> how its status now differs, jobs now unknown)."""
+        """Every job read final, read again: (job id -> how its result now differs (`RESULT_FIELDS`), jobs
+        now unknown)."""
         changed, vanished = {}, set()
         with Client(url) as plain:
             for job_id, (_, first) in self.final.items():
@@ -56,8 +62,8 @@ class TrackingClient(Client):
                 except JobNotFound:
                     vanished.add(job_id)
                     continue
-                if now != first:
-                    differ = [f.name for f in fields(first) if getattr(first, f.name) != getattr(now, f.name)]
+                differ = [f.name for f in fields(first) if getattr(first, f.name) != getattr(now, f.name)]
+                if set(differ) & RESULT_FIELDS:
                     changed[job_id] = ", ".join(f"{n}: {getattr(first, n)!r:.80} -> {getattr(now, n)!r:.80}"
                                                 for n in differ)
         return changed, vanished

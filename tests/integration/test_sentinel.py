@@ -137,8 +137,9 @@ def test_sentinel_failover_mid_load(group: SentinelGroup, observer: ResultObserv
                            sentinels_promoted_s=round(failover_s, 2))
         print(f"FAILOVER sentinels_promoted_s={failover_s:.2f} api_503_window_s={probe.accepted_s:.2f} "
               f"recovery_s={probe.scored_s:.2f} load_done_s={done_s:.1f} resubmitted={resubmitted}")
-        # An up-to-date replica: nothing lost, and nothing scored twice (the worker's record says so).
-        assert s["lost"] == 0 and s["changed"] == 0 and s["rescored"] == 0, s
+        # An up-to-date replica: nothing lost, nothing read differently. A batch whose store met the dead
+        # primary is scored again (at least once): counted in `rescored`, not refused.
+        assert s["lost"] == 0 and s["changed"] == 0, s
         assert_detoxify_scores(tiny_detoxify, texts, results)  # in order, and Detoxify's own scores
 
         # Nobody was restarted: the same processes serve a fresh job, the worker beats to the new
