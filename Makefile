@@ -58,15 +58,17 @@ test: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 ## Only the fault suite (kill -9, SIGTERM, Redis restart and kill -9, poison input), each case run
-## FAULT_REPEATS times (5; `make test` and CI run each once), then a table per case: lost, duplicated,
-## recovery median and max (also var/faults.json). About 10 minutes per repeat on 2 cores (49 for 5, quiet).
+## FAULT_REPEATS times (5; `make test` and CI run each once), then a table per case, every figure measured:
+## jobs, lost, rescored (from the workers' execution record), changed, recovery median and max (var/faults.json). About 10 minutes per repeat on 2 cores (49 for 5, quiet).
 FAULT_REPEATS ?= 5
 test-faults: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt $(MODELS)/unbiased-small/model.ckpt
 	FAULT_REPEATS=$(FAULT_REPEATS) $(PY) -m pytest -q -s -m faults
 
 ## A soak: SOAK_MINUTES (15) at 80 % of measured capacity, mixed job sizes, a bulk backfill, a worker
-## killed -9 every 3 minutes; reports RSS slope per process, Redis memory and keys, p99 per minute, lost
-## and duplicated (var/soak.json, docs/reliability/soak.png). Exit status 1 if a job was lost or doubled.
+## killed -9 every 3 minutes; reports RSS slope per process, Redis memory and keys, p99 per minute, lost,
+## rescored and changed, and a memory verdict: RSS slope per process within SOAK_ARGS="--rss-bound PCT"
+## (5 % of its size per hour; bench/soak.py). var/soak.json, docs/reliability/soak.png. Exit status 1 if a job
+## was lost, a result changed, or a process failed the memory verdict.
 SOAK_MINUTES ?= 15
 soak: $(VENV)/.installed-dev $(MODELS)/tiny/model.ckpt
 	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)

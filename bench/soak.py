@@ -11,10 +11,16 @@ worker: the first, w0, lives through the whole run, so its RSS slope covers all 
 each worker process's RSS and Redis's memory and key count. At the end it reports, to stdout and
 var/soak.json, with plots in docs/soak-*.png:
 
-- RSS per worker process: slope after warm-up (the first fifth) and growth over that time, in %;
+- RSS per worker process: slope after warm-up (the first fifth) and growth over that time, in %, and
+  the memory verdict: each process that lived `--rss-min-minutes` after its warm-up passes if its
+  slope stays within `--rss-bound` (% of its size per hour), else the soak fails;
 - Redis used memory and key count over time (every key expires or is bounded: the count levels off);
 - p99 job latency per minute (submit to final answer);
-- lost (a job whose wait raised) and duplicated (a task id published final twice, by the observer).
+- lost (a job whose wait raised), rescored (requests the workers scored more than once, from their
+  own execution record: expected after kills, at least once) and changed (a request published final
+  twice with different outcomes, by the observer).
+
+Exit status 1 if a job was lost, a result changed, or a process failed the memory verdict.
 """
 
 from __future__ import annotations
@@ -37,14 +43,25 @@ from bench import load
 from bench.stats import percentile
 from fleet.corpus import CommentCorpus
 from testing import ROOT, Proc, RedisServer, child_pids, free_port, start_api, start_worker, synthetic_checkpoint
-from testing.faults import ResultObserver
+from testing.faults import ExecutionLog, ResultObserver
 from testing.processes import reap_on_term
+from testing.services import execution_log
 from toxfleet.client import Client
 
 SIZES = (1, 1, 1, 4, 4, 16)
 """Texts per job, drawn uniformly: most jobs small, some large."""
 
 SAMPLE_EVERY = 5.0
+
+RSS_BOUND_PCT_PER_HOUR = 5.0
+"""Default of `--rss-bound`: the steepest RSS slope after warm-up that passes, in % of the process's
+size at warm-up per hour (a 400 MB pool process: 0.33 MB/min). A leak of one request's texts per batch
+exceeds it within a 15-minute soak; allocator noise (0.003-0.009 MB/min measured on an 85 MB main
+process) stays two orders below it."""
+
+RSS_MIN_MINUTES = 2.0
+"""Default of `--rss-min-minutes`: a process with less time after its warm-up (a replacement started
+near the end) is listed but not judged: its slope is noise."""
 
 
 @dataclass
@@ -162,6 +179,22 @@ def slope_report(samples: list[dict[str, Any]], warmup: float) -> dict[str, dict
     return out
 
 
+def memory_verdict(rss: dict[str, dict[str, float]], bound_pct_per_hour: float,
+                   min_minutes: float) -> dict[str, Any]:
+    """Per process judged: its slope against `bound_pct_per_hour` of its size at warm-up; `passed`
+    when every judged process is within it (and at least one was judged)."""
+    judged = {}
+    for proc, row in rss.items():
+        if row["minutes"] < min_minutes:
+            continue
+        bound = row["mb_start"] * bound_pct_per_hour / 100 / 60
+        judged[proc] = {"mb_per_min": row["mb_per_min"], "bound_mb_per_min": round(bound, 4),
+                        "passed": row["mb_per_min"] <= bound}
+    return {"bound_pct_per_hour": bound_pct_per_hour, "min_minutes": min_minutes, "processes": judged,
+            "not_judged": sorted(set(rss) - set(judged)),
+            "passed": bool(judged) and all(j["passed"] for j in judged.values())}
+
+
 def p99_per_minute(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     minutes: dict[int, list[float]] = {}
     for j in jobs:
@@ -232,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny", help="synthetic checkpoint (tools.synthetic kind)")
     parser.add_argument("--json", type=Path, default=ROOT / "var" / "soak.json")
     parser.add_argument("--plots", type=Path, default=ROOT / "docs" / "reliability")
+    parser.add_argument("--rss-bound", type=float, default=RSS_BOUND_PCT_PER_HOUR,
+                        help="memory verdict: most RSS growth after warm-up, %% of the process's size per hour")
+    parser.add_argument("--rss-min-minutes", type=float, default=RSS_MIN_MINUTES,
+                        help="memory verdict: judge only processes with this many minutes after warm-up")
     args = parser.parse_args(argv)
     checkpoint = synthetic_checkpoint(args.model)
     texts = CommentCorpus(77).texts(3000)
@@ -274,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             bulk_thread.join()
             stop.set()
             unbounded = unexpiring_keys(redis.client())
+            rescored = ExecutionLog(execution_log(tmp)).rescored()
         finally:
             stop.set()
             for p in [*workers, api]:
@@ -284,17 +322,22 @@ def main(argv: list[str] | None = None) -> int:
     report = {"minutes": args.minutes, "load": args.load, "capacity_texts_per_s": round(cap, 2),
               "offered_texts_per_s": round(args.load * cap, 2), "jobs": len(soak.jobs), "lost": len(lost),
               "lost_examples": [j["error"] for j in lost[:3]],
-              "duplicated": sum(1 for c in observer.finals.values() if c > 1),
+              "rescored": rescored, "changed": len(observer.changed),
               "kills_min": [round(k / 60, 2) for k in soak.kills], "backfill": bulk,
               "keys_without_ttl": unbounded,
               "rss": slope_report(soak.samples, max(30.0, seconds / 5)), "p99_per_minute": p99_per_minute(soak.jobs),
               "redis": [{"t_min": round(s["t"] / 60, 2), "mb": s["redis_mb"] and round(s["redis_mb"], 2),
                          "keys": s["keys"]} for s in soak.samples[:: max(1, len(soak.samples) // 20)]]}
+    report["memory"] = memory_verdict(report["rss"], args.rss_bound, args.rss_min_minutes)
     report["plots"] = [str(p.relative_to(ROOT)) for p in plot(report, soak.samples, args.plots)]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({**report, "samples": soak.samples}, indent=1) + "\n")
     print(json.dumps(report, indent=1))
-    return 0 if not lost and report["duplicated"] == 0 else 1
+    verdict = report["memory"]
+    print(f"MEMORY {'PASS' if verdict['passed'] else 'FAIL'}: RSS slope within {args.rss_bound:g} %/h for "
+          f"{sum(j['passed'] for j in verdict['processes'].values())} of {len(verdict['processes'])} processes "
+          f"judged ({len(verdict['not_judged'])} lived under {args.rss_min_minutes:g} min after warm-up)")
+    return 0 if not lost and report["changed"] == 0 and verdict["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -4,16 +4,69 @@ background while a fault is injected, and its scores compared with Detoxify's ow
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
-from toxfleet.client import Client, Result
+from toxfleet.client import Client, JobNotFound, JobStatus, Result
+from toxfleet.client.protocol import Submission
 
 TOLERANCE = 1e-4
 """Largest difference from Detoxify's own probability that counts as equal (fp32 backends)."""
 
 _PREDICT_BATCH = 32
 """Texts per `Detoxify.predict` call when computing the expected scores."""
+
+
+RESULT_FIELDS = frozenset({"status", "results", "error", "model"})
+"""What a job's final result is, for `TrackingClient.reread`: a request scored again may restamp its
+`started_at`/`finished_at`, which is not a different result."""
+
+
+class TrackingClient(Client):
+    """The official client, noting what a fault case measures through it: every job id the server
+    accepted, per submission (a resubmit under the same Idempotency-Key is the same job), and each
+    job's status when this client first read it final, with the time (monotonic)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accepted: dict[str, list[str]] = {}
+        self.texts: dict[str, list[str]] = {}
+        self.final: dict[str, tuple[float, JobStatus]] = {}
+
+    def _send(self, submission: Submission) -> str:
+        job_id = super()._send(submission)
+        self.accepted.setdefault(submission.key, []).append(job_id)
+        self.texts[submission.key] = list(submission.body["texts"])
+        return job_id
+
+    def job_status(self, job_id: str, wait: float = 0.0) -> JobStatus:
+        status = super().job_status(job_id, wait)
+        if status.finished and job_id not in self.final:
+            self.final[job_id] = (time.monotonic(), status)
+        return status
+
+    def original(self) -> dict[str, str]:
+        """Each job id -> the id its submission was first accepted under."""
+        return {j: ids[0] for ids in self.accepted.values() for j in ids}
+
+    def reread(self, url: str) -> tuple[dict[str, str], set[str]]:
+        """Every job read final, read again: (job id -> how its result now differs (`RESULT_FIELDS`), jobs
+        now unknown)."""
+        changed, vanished = {}, set()
+        with Client(url) as plain:
+            for job_id, (_, first) in self.final.items():
+                try:
+                    now = plain.job_status(job_id)
+                except JobNotFound:
+                    vanished.add(job_id)
+                    continue
+                differ = [f.name for f in fields(first) if getattr(first, f.name) != getattr(now, f.name)]
+                if set(differ) & RESULT_FIELDS:
+                    changed[job_id] = ", ".join(f"{n}: {getattr(first, n)!r:.80} -> {getattr(now, n)!r:.80}"
+                                                for n in differ)
+        return changed, vanished
 
 
 class BackgroundScore(threading.Thread):
@@ -26,10 +79,11 @@ class BackgroundScore(threading.Thread):
         self.url, self.texts, self.stall_after, self.options = url, list(texts), stall_after, options
         self.results: list[Result] | None = None
         self.error: BaseException | None = None
+        self.client = TrackingClient(self.url, stall_after=self.stall_after)
 
     def run(self) -> None:
         try:
-            with Client(self.url, stall_after=self.stall_after) as client:
+            with self.client as client:
                 self.results = client.score(self.texts, **self.options)
         except BaseException as exc:  # handed to outcome()
             self.error = exc

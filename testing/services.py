@@ -16,6 +16,12 @@ from testing.processes import GaveUp, Proc, base_env, free_port, wait_for
 from testing.redis_server import RedisServer
 
 
+def execution_log(tmp: Path) -> Path:
+    """The file in which the workers started under `tmp` record each batch's claimed requests before
+    scoring (`TOXFLEET_EXECUTION_LOG`, worker/executions.py); `testing.faults.ExecutionLog` reads it."""
+    return tmp / "executions.jsonl"
+
+
 def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None, name: str = "w1",
                  concurrency: int = 2, wait: bool = True, env: dict[str, str] | None = None) -> Proc:
     """A real `celery -A worker worker` process; waits until its heartbeat says it is ready."""
@@ -23,7 +29,8 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
     proc = Proc(name, [sys.executable, "-m", "celery", "-A", "worker", "worker", "--loglevel=INFO", "--events",
                        "--hostname", hostname, "--concurrency", str(concurrency)],
                 # Metrics off unless a test asks: several workers would contend for the default port.
-                base_env(redis_url, checkpoint, **{"TOXFLEET_METRICS_PORT": "0", **(env or {})}),
+                base_env(redis_url, checkpoint, **{"TOXFLEET_METRICS_PORT": "0",
+                                                   "TOXFLEET_EXECUTION_LOG": str(execution_log(tmp)), **(env or {})}),
                 tmp / f"{name}.log")
     proc.extra["hostname"] = hostname
     proc.start()

@@ -8,6 +8,7 @@ with this interpreter, so the virtual environment that runs pytest is the one un
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,13 +17,40 @@ from typing import Any
 import pytest
 
 from scripts.redis_server import NoServer, server_binary
-from testing import Fleet, FleetSpec, RedisServer, free_port, reap_on_term, start_fleet, synthetic_checkpoint
+from testing import (
+    ROOT,
+    Fleet,
+    FleetSpec,
+    RedisServer,
+    faults,
+    free_port,
+    reap_on_term,
+    start_fleet,
+    synthetic_checkpoint,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # CI's overall timeout sends SIGTERM: the workers, APIs and Flowers the tests started (each in a
     # session of its own) die with the run, and fixtures tear down as after a Ctrl-C.
     reap_on_term()
+
+
+FAULT_REPEATS = int(os.environ.get("FAULT_REPEATS", "1"))
+"""Runs of each fault case (a test taking an `attempt` argument): a fault that passed once proves
+little. `make test-faults` runs FAULT_REPEATS (5); `make test` and CI run each once."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "attempt" in metafunc.fixturenames:
+        metafunc.parametrize("attempt", range(1, FAULT_REPEATS + 1), ids=lambda n: f"run{n}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Each fault case's figures over its runs (testing/faults.py), printed and written to var/faults.json;
+    under xdist, each worker writes the cases it ran to var/faults-<worker>.json."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    faults.report(ROOT / "var" / (f"faults-{worker}.json" if worker else "faults.json"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -69,6 +69,10 @@ class WorkerSettings(SharedSettings):
                              description="Re-deliveries after a worker process died mid-batch, before failing.")
     metrics_port: int = Field(9808, ge=0, le=65535,
                               description="Port of the worker's Prometheus endpoint (all its processes); 0: none.")
+    execution_log: Path | None = Field(
+        None, description="Test and benchmark instrument, off in production: a file to which every batch appends "
+                          "one JSON line (batch id, pid, the request ids it claimed) before it scores "
+                          "(worker/executions.py); the fault suite and the soak count requests scored twice from it.")
     cache_ttl: int = Field(cache_defaults.DEFAULT_TTL, ge=1, le=365 * 86_400,
                            description="Seconds a cached score lives.")
     cache_max_entries: int = Field(cache_defaults.DEFAULT_MAX_ENTRIES, ge=1, le=1_000_000_000,

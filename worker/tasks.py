@@ -15,7 +15,7 @@ from fleet import pending
 from fleet import redis_url as urls
 from fleet.cache import ScoreCache, Scores, namespace
 from toxfleet import contract
-from worker import metrics, state
+from worker import executions, metrics, state
 from worker.batching import BatchTask
 from worker.celery_app import app
 from worker.results import Outcome, ResultStore
@@ -143,6 +143,7 @@ class ScoreTask(BatchTask):
         # Held (renewed) until the results are stored: a slow batch must not lose its requests to a
         # redelivery that finds their leases expired and scores them a second time.
         claimed = [r["id"] for r, c in zip(requests, claims, strict=True) if c == "claimed"]
+        executions.record(settings.execution_log, batch_id, claimed)
         with store.holding(claimed, batch_id, settings.lease_seconds):
             # Cached texts skip the model; only the rest are scored, then cached in turn.
             cached = self._cached(scorer.backend, texts, modes, batch_id)

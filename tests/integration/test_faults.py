@@ -41,16 +41,19 @@ from testing import (
     wait_for,
 )
 from testing.faults import (
+    ExecutionLog,
     Load,
     ResultObserver,
     batch_pid,
     batch_task_ids,
+    held_task_ids,
     jobs,
-    record,
-    report,
+    measure,
     running_batch_pid,
     summarize,
+    task_summary,
 )
+from testing.services import execution_log
 from toxfleet import contract
 
 pytestmark = pytest.mark.faults
@@ -62,22 +65,9 @@ SPLIT_ACROSS_WORKERS = True
 """Each case starts its own Redis, API and workers and mostly waits (redelivery, restarts): under
 `make test`'s xdist they run side by side (tests/conftest.py)."""
 
-REPEATS = int(os.environ.get("FAULT_REPEATS", "1"))
-"""Runs of each case: a fault that passed once proves little (`make test-faults` runs 5)."""
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "attempt" in metafunc.fixturenames:
-        metafunc.parametrize("attempt", range(1, REPEATS + 1), ids=lambda n: f"run{n}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fault_table() -> Iterator[None]:
-    """After the module: each case's lost, duplicated and recovery median/max over its runs."""
-    yield
-    # Under xdist each worker reports the cases it ran (`make test-faults` runs them in one process).
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    report(ROOT / "var" / (f"faults-{worker}.json" if worker else "faults.json"))
+WORKER_FAULT_BOUND_S = 30.0
+"""The README's promise: "every worker fault recovered within 30 s" (from the fault to the final status
+of the last job it hit), asserted by each worker fault case."""
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +104,7 @@ def env(aof_redis: RedisServer, full_checkpoint: tuple[Path, Path], tmp_path: Pa
     api, url = start_api(tmp_path, aof_redis.url, TOXFLEET_VISIBILITY_TIMEOUT=VISIBILITY)
     procs: list[Proc] = [api]
     yield {"redis": aof_redis, "ckpt": full_checkpoint, "tmp": tmp_path, "api": url, "observer": observer,
-           "procs": procs}
+           "procs": procs, "log": ExecutionLog(execution_log(tmp_path))}
     observer.stopped.set()
     for p in reversed(procs):
         p.stop()
@@ -141,11 +131,17 @@ def test_sigkill_pool_process_mid_batch(attempt: int, env: dict[str, Any], refer
     w = worker(env, "kill-child")
     load = Load(env["api"])
     load.submit(jobs(40, 1))
-    os.kill(running_batch_pid(env["redis"].url), signal.SIGKILL)
+    pid = running_batch_pid(env["redis"].url)
+    holding = batch_task_ids(env["redis"].url, pid)
+    assert holding, "the batch caught running held no request"
+    env["log"].wait_for_batch(pid, holding)  # it is scoring them: the kill lands on work in flight
+    os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
-    load.settle(120)
-    s = summarize("sigkill-pool-process", load, env["observer"], time.monotonic() - t0)
-    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
+    load.settle(300)
+    s = summarize("sigkill-pool-process", load, env["observer"], env["log"], t0, affected_tasks=holding)
+    assert s["lost"] == 0 and s["changed"] == 0 and s["succeeded"] == 40, s
+    assert s["affected"] > 0 and s["rescored"] > 0, f"the kill missed the batch, or the record is blind: {s}"
+    assert s["recovery_s"] <= WORKER_FAULT_BOUND_S, s
     assert "worker process lost" in w.output()
     check_scores(load, reference)
 
@@ -160,14 +156,16 @@ def test_sigkill_whole_worker_then_replacement(attempt: int, env: dict[str, Any]
     load.submit(jobs(40, 2))
     assert first.proc is not None
     parent = first.proc.pid
-    running_batch_pid(env["redis"].url, among=lambda: child_pids(parent))
+    pid = running_batch_pid(env["redis"].url, among=lambda: child_pids(parent))
+    env["log"].wait_for_batch(pid, batch_task_ids(env["redis"].url, pid))
+    client = redis.Redis.from_url(env["redis"].url)
+    dead_held = held_task_ids(client)  # every unacked message is the doomed worker's: the only one
     os.killpg(first.proc.pid, signal.SIGKILL)
     t0, killed_at = time.monotonic(), time.time()
     # Every unacked message is the dead worker's until the replacement starts consuming: watch for
     # the moment the last of them has been restored. A restored message keeps its delivery tag, so
     # "restored" is: its entry in kombu's unacked index is gone (back in the queue) or carries a
     # delivery time after the kill (delivered again); the dead worker's renewals all predate it.
-    client = redis.Redis.from_url(env["redis"].url)
     index = KombuChannel.unacked_index_key
     held = list(client.hkeys(UNACKED_KEY))
     assert held, "the killed worker held no message"
@@ -187,18 +185,18 @@ def test_sigkill_whole_worker_then_replacement(attempt: int, env: dict[str, Any]
 
     threading.Thread(target=watch, daemon=True).start()
     replacement = worker(env, "replacement")
-    load.settle(150)
-    recovery = time.monotonic() - t0
-    s = summarize("sigkill-whole-worker", load, env["observer"], recovery)
-    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
+    load.settle(300)
+    s = summarize("sigkill-whole-worker", load, env["observer"], env["log"], t0, affected_tasks=dead_held,
+                  held_messages=len(held), restored_s=round(restored_after[0], 2) if restored_after else None)
+    assert s["lost"] == 0 and s["changed"] == 0 and s["succeeded"] == 40, s
+    assert s["affected"] > 0 and s["rescored"] > 0, f"the kill missed the batch, or the record is blind: {s}"
     assert restored_after, "the dead worker's messages were never restored"
-    record("whole-worker-restored", {"messages": len(held), "lost": 0, "duplicated": 0}, restored_after[0])
     # The bound (docs/reliability.md) is visibility + 5 s (restore scan) + one batch. Its first part
     # is the mechanism's and is held tightly (3 s for a scan delayed on a loaded host); the batch of the
     # restored requests is CPU, allowed 90 s: at load 11-12, with the suite on two processes, the
     # replacement scored them in two batches of 29 and 32 texts that took 50 and 57 s.
     assert restored_after[0] < float(VISIBILITY) + 5 + 3, restored_after
-    assert recovery < float(VISIBILITY) + 5 + 90
+    assert s["recovery_s"] <= WORKER_FAULT_BOUND_S, s
     assert "deferred" not in replacement.output()  # no claimed request came back before its lease expired
     check_scores(load, reference)
 
@@ -219,7 +217,8 @@ def test_delivery_leased_to_a_dead_batch_is_not_lost(attempt: int, env: dict[str
     result = app.send_task(contract.SCORE_TASK, args=[texts], queue=contract.QUEUE, task_id=task_id)
     scores = result.get(timeout=4 * visibility + 20)
     waited = time.monotonic() - t0
-    record("dead-lease", {"submitted": 1, "succeeded": 1, "lost": 0, "duplicated": 0}, waited)
+    s = task_summary("dead-lease", client, [task_id], env["observer"], env["log"], t0)
+    assert s["lost"] == 0 and s["rescored"] == 0 and s["changed"] == 0 and s["affected"] == 1, s
     assert f"request {task_id} deferred" in w.output()
     assert waited >= visibility  # it really waited for the redelivery, not for the first delivery
     expected = reference.predict(texts)
@@ -295,10 +294,11 @@ def test_a_slow_batch_of_a_live_worker_is_not_redelivered(attempt: int, env: dic
     metas = [json.loads(cast(bytes, client.get(f"celery-task-meta-{t}"))) for t in ids]
     assert [m["status"] for m in metas] == ["SUCCESS"] * len(ids), metas
     outcomes = [m["result"] for m in metas]
-    duplicated = sum(1 for t in ids if env["observer"].finals[t] > 1)
-    record("slow-batch-held", {"submitted": len(ids), "succeeded": len(outcomes), "lost": 0, "duplicated": duplicated,
-                               "held_s": round(held_for, 1), "oldest_renewal_s": round(oldest, 1)}, held_for)
-    assert duplicated == 0
+    s = task_summary("slow-batch-held", client, ids, env["observer"], env["log"], frozen_at,
+                     held_s=round(held_for, 1), oldest_renewal_s=round(oldest, 1))
+    # Scored once each, by the slow worker: the batch frozen mid-way and its buffer were never handed out.
+    assert s["lost"] == 0 and s["rescored"] == 0 and s["changed"] == 0 and s["affected"] == len(ids), s
+    assert env["log"].executions()[ids[0]] == 1 and any(e["pid"] == pid for e in env["log"].entries())
     assert lease_lapsed, "the frozen batch's lease should have lapsed: only the message renewal kept it"
     assert oldest < visibility, oldest
     slow_pids = set(child_pids(slow.proc.pid))
@@ -326,8 +326,9 @@ def test_message_popped_by_a_dying_worker_is_recovered(attempt: int, env: dict[s
     t0 = time.monotonic()
     w = worker(env, "sweeper", TOXFLEET_SWEEP_SECONDS="1")
     load.settle(60)
-    s = summarize("popped-then-killed", load, env["observer"], time.monotonic() - t0)
-    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 3
+    s = summarize("popped-then-killed", load, env["observer"], env["log"], t0, affected_tasks=[lost_task])
+    assert s["lost"] == 0 and s["rescored"] == 0 and s["changed"] == 0 and s["succeeded"] == 3, s
+    assert s["affected"] == 1, s
     assert f"task {lost_task}: its message was lost by Redis" in w.output()
     check_scores(load, reference)
 
@@ -344,12 +345,16 @@ def test_sigterm_mid_batch_hands_work_back(attempt: int, env: dict[str, Any], re
     # The case is only shown if the leaving worker is the one holding a batch when the signal lands.
     held_by = running_batch_pid(env["redis"].url, among=lambda: child_pids(parent))
     holding = batch_task_ids(env["redis"].url, held_by)
+    env["log"].wait_for_batch(held_by, holding)
+    in_flight = held_task_ids(redis.Redis.from_url(env["redis"].url))
     t0 = time.monotonic()
     leaves.signal(signal.SIGTERM)
     leaves.proc.wait(60)
-    load.settle(150)
-    s = summarize("sigterm-mid-batch", load, env["observer"], time.monotonic() - t0)
-    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 40
+    load.settle(300)
+    s = summarize("sigterm-mid-batch", load, env["observer"], env["log"], t0, affected_tasks=in_flight)
+    # A warm shutdown finishes its batch and hands back what it had not started: nothing scored twice.
+    assert s["lost"] == 0 and s["rescored"] == 0 and s["changed"] == 0 and s["succeeded"] == 40, s
+    assert s["affected"] > 0 and s["recovery_s"] <= WORKER_FAULT_BOUND_S, s
     assert stays.alive()
     # The batch in flight at the signal finished in the leaving worker before it exited (warm shutdown).
     assert holding and all(batch_pid(env["redis"].url, t) == held_by for t in holding), holding
@@ -358,47 +363,62 @@ def test_sigterm_mid_batch_hands_work_back(attempt: int, env: dict[str, Any], re
 
 @pytest.mark.parametrize("how", ["restart", "kill-9"])
 def test_redis_restart_during_load(attempt: int, how: str, env: dict[str, Any], reference: Any) -> None:
-    """Redis restarts in the middle of a load, gracefully or killed -9, with the shipped persistence
-    (AOF, appendfsync everysec): workers reconnect and keep consuming; jobs sent before, during and
-    after the restart all complete. A graceful restart loses nothing. A killed one may lose the last
-    acknowledged writes: with everysec, Redis and Valkey postpone writing to the AOF (up to 2 s) while a
-    background fsync is still running, yet reply meanwhile (Valkey 9.1 here lost 3 of 50 jobs once).
-    Those jobs answer 404, and are submitted again as the official client does: none is lost."""
+    """Redis goes down in the middle of a load, stopped or killed -9, and comes back with the shipped
+    persistence (AOF, appendfsync everysec): workers reconnect and keep consuming; jobs sent before,
+    while it is down (answered 503, retried as documented, accepted once it is back) and after all
+    complete. A graceful restart loses nothing. A killed one may lose the last acknowledged writes:
+    with everysec, Redis and Valkey postpone writing to the AOF (up to 2 s) while a background fsync is
+    still running, yet reply meanwhile (Valkey 9.1 here lost 3 of 50 jobs once). Those jobs answer 404,
+    and are submitted again as the official client does: none is lost."""
     worker(env, "survivor")
     load = Load(env["api"])
     load.submit(jobs(30, 4))
-    running_batch_pid(env["redis"].url)
+    pid = running_batch_pid(env["redis"].url)
+    env["log"].wait_for_batch(pid, batch_task_ids(env["redis"].url, pid))
     t0 = time.monotonic()
     if how == "kill-9":
         env["redis"].kill()
-        env["redis"].start()
     else:
-        env["redis"].restart()
-    load.submit(jobs(10, 5))  # during/just after the restart (the client retries 503s)
-    load.settle(150, resubmit=how == "kill-9")
+        env["redis"].stop()
+    during = Load(env["api"])
+    submitter = threading.Thread(target=during.submit, args=(jobs(10, 5),), daemon=True)
+    submitter.start()
+    # Down for real: submits made now are refused, and only its return lets them in.
+    wait_for(lambda: during.refused[503] >= 1, 10, "a submit answered 503 while Redis is down", interval=0.02)
+    down_s = time.monotonic() - t0
+    env["redis"].start()
+    submitter.join(60)
+    assert not submitter.is_alive() and len(during.texts) == 10, during.refused
+    assert set(during.refused) == {503}, during.refused  # never a 500 or a hang
+    hit = [*load.texts, *during.texts]
+    load.merge(during)
+    load.settle(300, resubmit=how == "kill-9")
     after = Load(env["api"])  # a consumer that silently stopped after the reconnect would fail here
     after.submit(jobs(10, 6))
     after.settle(60)
-    load.texts.update(after.texts)
-    load.bodies.update(after.bodies)
-    load.resubmitted += after.resubmitted
-    s = summarize(f"redis-{how}", load, env["observer"], time.monotonic() - t0)
-    assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 50
+    load.merge(after)
+    s = summarize(f"redis-{how}", load, env["observer"], env["log"], t0, affected_tasks=hit, down_s=round(down_s, 2))
+    assert s["lost"] == 0 and s["changed"] == 0 and s["succeeded"] == 50, s
+    assert s["affected"] > 0 and s["refused"] > 0, s
     check_scores(load, reference)
 
 
 def test_redis_down_api_answers_503_fast(attempt: int, env: dict[str, Any]) -> None:
-    """With Redis stopped, the API answers 503 + Retry-After within a second instead of hanging."""
+    """With Redis stopped, the API answers 503 + Retry-After within a second instead of hanging, and is
+    ready again once Redis is back (the case's recovery: from Redis's return to `/readyz` 200)."""
     env["redis"].stop()
     t0 = time.monotonic()
     r = httpx.post(env["api"] + "/v1/jobs", json={"texts": ["hello"]}, timeout=10)
     elapsed = time.monotonic() - t0
-    # Its "recovery" is how long the 503 took to come back.
-    record("redis-down-503", {"status": r.status_code, "lost": 0, "duplicated": 0}, elapsed)
     assert r.status_code == 503 and "retry-after" in r.headers and elapsed < 1.0
     assert httpx.get(env["api"] + "/readyz", timeout=10).status_code == 503
     env["redis"].start()
+    back = time.monotonic()
     wait_for(lambda: httpx.get(env["api"] + "/readyz", timeout=2).status_code == 200, 10, "readiness after Redis")
+    accepted = [str(r.json()["id"])] if r.status_code == 202 else []
+    measure("redis-down-503", accepted=accepted, final={}, observed={}, rescored=env["log"].rescored(),
+            changed=len(env["observer"].changed), fault_at=back, recovered_at=time.monotonic(),
+            refused=int(r.status_code == 503), answer_s=round(elapsed, 3))
 
 
 @pytest.fixture
@@ -465,8 +485,10 @@ def test_poison_text_fails_only_its_job(attempt: int, poison_checkpoint: tuple[P
             os.kill(pid, signal.SIGCONT)
         t0 = time.monotonic()
         load.settle(60)
-        s = summarize("poison-text", load, observer, time.monotonic() - t0)
-        assert s["lost"] == 0 and s["duplicated"] == 0 and s["succeeded"] == 20 and s["failed"] == 3
+        s = summarize("poison-text", load, observer, ExecutionLog(execution_log(tmp_path)), t0)
+        # Its batch retried the requests one by one in place: none was claimed, so scored, twice.
+        assert s["lost"] == 0 and s["rescored"] == 0 and s["changed"] == 0, s
+        assert s["succeeded"] == 20 and s["failed"] == 3 and s["failed_without_reason"] == 0, s
         # Every job's final result was seen: the observer really watched (a count of zero proves nothing).
         wait_for(lambda: all(observer.finals[contract.chunk_task_id(j, 0)] >= 1 for j in load.texts), 10,
                  "the observer to see every final result")
@@ -496,10 +518,14 @@ def test_crash_retries_are_bounded(attempt: int, env: dict[str, Any]) -> None:
         while pid in killed:
             time.sleep(0.05)
             pid = running_batch_pid(env["redis"].url, timeout=60)
+        env["log"].wait_for_batch(pid, [result.id], timeout=30)  # the kill lands on its scoring
         os.kill(pid, signal.SIGKILL)
         killed.add(pid)
         redis.Redis.from_url(env["redis"].url).delete(f"celery-task-meta-{result.id}")
     with pytest.raises(RuntimeError, match="gave up after 2 attempts"):
         result.get(timeout=60)
-    record("crash-retries", {"attempts": 2, "failed_with_reason": 1, "lost": 0, "duplicated": 0},
-           time.monotonic() - t0)
+    s = task_summary("crash-retries", redis.Redis.from_url(env["redis"].url), [result.id], env["observer"],
+                     env["log"], t0)
+    # Both kills landed on its scoring: the record holds the first attempt and the retry, and no third.
+    assert env["log"].executions()[result.id] == 2 and s["rescored"] == 1, (env["log"].entries(), s)
+    assert s["lost"] == 0 and s["changed"] == 0, s
