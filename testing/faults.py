@@ -38,7 +38,7 @@ from fleet import redis_url as urls
 from fleet.corpus import CommentCorpus
 from fleet.keys import UNACKED_KEY
 from testing.processes import ROOT, wait_for
-from testing.scoring import BackgroundScore
+from testing.scoring import BackgroundScore, _numbers, _strip, same_result
 from toxfleet import contract
 from toxfleet.client.protocol import Submission
 
@@ -84,21 +84,9 @@ class ResultObserver(threading.Thread):
         if task_id not in self.first:
             self.first_at[task_id] = time.monotonic()
             self.first[task_id] = outcome
-        elif self.first[task_id] != outcome:
+        elif not same_result(self.first[task_id], outcome):
             self.changed.add(task_id)
             self.changes.setdefault(task_id, describe_change(self.first[task_id], outcome))
-
-
-def _numbers(value: Any) -> list[float]:
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return []
-    if isinstance(value, int | float):
-        return [float(value)]
-    if isinstance(value, Mapping):
-        return [n for k in sorted(value) for n in _numbers(value[k])]
-    if isinstance(value, list | tuple):
-        return [n for v in value for n in _numbers(v)]
-    return []
 
 
 def describe_change(first: Any, later: Any) -> str:
@@ -108,19 +96,6 @@ def describe_change(first: Any, later: Any) -> str:
     if len(a) == len(b) and json.dumps(_strip(first)) == json.dumps(_strip(later)):
         return f"numbers only, max |diff| {max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0):.2e}"
     return f"{json.dumps(first, default=str)[:160]} -> {json.dumps(later, default=str)[:160]}"
-
-
-def _strip(value: Any) -> Any:
-    """`value` with every number replaced by 0 (what is left to compare once numbers are set aside)."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int | float):
-        return 0
-    if isinstance(value, Mapping):
-        return {k: _strip(v) for k, v in sorted(value.items())}
-    if isinstance(value, list | tuple):
-        return [_strip(v) for v in value]
-    return str(value)
 
 
 @dataclass
@@ -255,7 +230,7 @@ class Load:
             r = httpx.get(f"{self.api}/v1/jobs/{job_id}", timeout=10)
             if r.status_code == 404:
                 vanished.add(job_id)
-            elif r.status_code != 200 or _outcome(r.json()) != _outcome(body):
+            elif r.status_code != 200 or not same_result(_outcome(r.json()), _outcome(body)):
                 now = _outcome(r.json()) if r.status_code == 200 else r.text
                 changed[job_id] = describe_change(_outcome(body), now)
         return changed, vanished
@@ -342,7 +317,7 @@ def client_summary(name: str, load: BackgroundScore, observer: ResultObserver, l
     how = {j: h for j, h in changed.items() if j in set(ended.values())}
     return measure(name, accepted=ended.values(), final={j: t for j, (t, _) in client.final.items()},
                    observed=observed, rescored=log.rescored(canonical_task(client.original())),
-                   changed=len(how), fault_at=fault_at, vanished=len(vanished),
+                   changed=len(how), fault_at=fault_at, vanished=len(vanished), reopened=len(client.reopened),
                    resubmitted=sum(len(ids) - 1 for ids in client.accepted.values()),
                    **noted(how, extra))
 

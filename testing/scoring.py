@@ -3,10 +3,11 @@ background while a fault is injected, and its scores compared with Detoxify's ow
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
 from toxfleet.client import Client, JobNotFound, JobStatus, Result
@@ -24,6 +25,58 @@ RESULT_FIELDS = frozenset({"status", "results", "error", "model"})
 `started_at`/`finished_at`, which is not a different result."""
 
 
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, Mapping):
+        return [n for k in sorted(value) for n in _numbers(value[k])]
+    if isinstance(value, list | tuple):
+        return [n for v in value for n in _numbers(v)]
+    return []
+
+
+RESCORE_TOLERANCE = 1e-4
+"""Largest probability difference between two readings that still counts as the same result: a request
+scored again lands in a differently padded pass, and fp32 sums in another order (the fidelity gate's
+fp32 budget, `worker.gate.fidelity.FP32_BUDGET`, holds a backend to the same bound)."""
+
+
+def same_result(first: Any, later: Any) -> bool:
+    """Whether two readings of one final result are the same: the same shape, text and statuses, and
+    every number within `RESCORE_TOLERANCE`."""
+    a, b = _numbers(first), _numbers(later)
+    return (len(a) == len(b) and json.dumps(_strip(first), default=str) == json.dumps(_strip(later), default=str)
+            and all(abs(x - y) <= RESCORE_TOLERANCE for x, y in zip(a, b, strict=True)))
+
+
+def _strip(value: Any) -> Any:
+    """`value` with every number replaced by 0 (what is left to compare once numbers are set aside)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return 0
+    if isinstance(value, Mapping):
+        return {k: _strip(v) for k, v in sorted(value.items())}
+    if isinstance(value, list | tuple):
+        return [_strip(v) for v in value]
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """A client result as plain data (dataclasses as dicts), for `same_result`."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+FINAL_WAIT_S = 120.0
+"""How long `TrackingClient.reread` waits for a job it finds no longer final (scored again) to end."""
+
+
 class TrackingClient(Client):
     """The official client, noting what a fault case measures through it: every job id the server
     accepted, per submission (a resubmit under the same Idempotency-Key is the same job), and each
@@ -34,6 +87,8 @@ class TrackingClient(Client):
         self.accepted: dict[str, list[str]] = {}
         self.texts: dict[str, list[str]] = {}
         self.final: dict[str, tuple[float, JobStatus]] = {}
+        self.reopened: set[str] = set()
+        """Jobs read final once and found not final on the second read (scored again)."""
 
     def _send(self, submission: Submission) -> str:
         job_id = super()._send(submission)
@@ -62,7 +117,15 @@ class TrackingClient(Client):
                 except JobNotFound:
                     vanished.add(job_id)
                     continue
-                differ = [f.name for f in fields(first) if getattr(first, f.name) != getattr(now, f.name)]
+                if not now.finished:
+                    # Read final before, not final now: it is being scored again (its result was lost
+                    # with Redis). A finding of its own (`reopened`); what counts is what it ends with.
+                    self.reopened.add(job_id)
+                    deadline = time.monotonic() + FINAL_WAIT_S
+                    while not now.finished and time.monotonic() < deadline:
+                        now = plain.job_status(job_id, wait=10)
+                differ = [f.name for f in fields(first) if f.name in RESULT_FIELDS
+                          and not same_result(_plain(getattr(first, f.name)), _plain(getattr(now, f.name)))]
                 if set(differ) & RESULT_FIELDS:
                     changed[job_id] = ", ".join(f"{n}: {getattr(first, n)!r:.80} -> {getattr(now, n)!r:.80}"
                                                 for n in differ)
