@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from toxfleet.contract import FINISHED_STATES, JobState, LongText, Priority
+from toxfleet.contract import FINISHED_STATES, LABELS, JobState, LongText, Priority
 from toxfleet.thresholds import check_labels, check_threshold
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 """Job ids are UUID4 hex strings; anything else is rejected before Redis is asked."""
+
+Probability = Annotated[float, Field(ge=0, le=1, strict=True)]
+"""A threshold: a JSON number in [0, 1] (strict: `true` or `"0.5"` is not one)."""
+
+LabelThresholds = Annotated[dict[str, Probability], Field(json_schema_extra={"propertyNames": {"enum": list(LABELS)}})]
+"""{label: threshold}, the labels named in the schema as the validator checks them."""
 
 
 class JobRequest(BaseModel):
@@ -23,7 +29,7 @@ class JobRequest(BaseModel):
         "interactive", description="`interactive` (default): workers take it before any bulk work; `bulk`: "
         "backfills, scored when no interactive work waits (the Python client's `score` and `toxfleet score` "
         "send this).")
-    thresholds: float | dict[str, float] | None = Field(
+    thresholds: Probability | LabelThresholds | None = Field(
         None, description="Flag thresholds for this job: one probability for every label, or {label: probability} "
         "overriding the configured ones; default: the configured thresholds (0.5 unless set).")
 
