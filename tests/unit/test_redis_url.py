@@ -64,3 +64,14 @@ def test_the_apis_sentinel_pool_still_blocks_at_its_size() -> None:
     assert pool.connection_kwargs["db"] == 3 and pool.connection_kwargs["password"] == "pw"
     sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
     assert sentinel["password"] is None and sentinel["socket_timeout"] == 1  # sentinels: no auth, same timeouts
+
+
+def test_a_unix_socket_url_is_spelled_as_kombu_and_celerys_backend_read_it() -> None:
+    """kombu knows no `unix://` transport (a worker on one died at start: "No such transport: unix"):
+    the broker gets `redis+socket://`, the backend class the part after `redis+`, the database as
+    `virtual_host`, other parameters kept."""
+    target = celery_target("unix:///run/redis/redis.sock?db=3&password=pw")
+    assert target.url == "redis+socket:///run/redis/redis.sock?virtual_host=3&password=pw"
+    assert target.backend_url == "socket:///run/redis/redis.sock?virtual_host=3&password=pw"
+    assert celery_target("unix:///r.sock").url == "redis+socket:///r.sock?virtual_host=0"
+    assert celery_target("redis://h:6379/0").backend_url == "redis://h:6379/0"
