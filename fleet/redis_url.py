@@ -184,9 +184,23 @@ def _unix_target(url: str) -> CeleryTarget:
     return CeleryTarget(spelled, {}, False, backend_url=spelled.removeprefix("redis+"))
 
 
+TLS_SCHEME = "rediss://"
+
+
+def _verified(url: str) -> str:
+    """A `rediss://` URL with `ssl_cert_reqs=required` unless it sets that parameter itself: what
+    redis-py (the API's clients) does by default, where Celery's backend refuses a `rediss://` URL
+    without it and kombu's broker then skips certificate checks."""
+    if "ssl_cert_reqs=" in _split(url)[2]:
+        return url
+    return url + ("&" if "?" in url else "?") + "ssl_cert_reqs=required"
+
+
 def celery_target(url: str) -> CeleryTarget:
     if url.startswith(UNIX_SCHEME):
         return _unix_target(url)
+    if url.startswith(TLS_SCHEME):
+        return CeleryTarget(_verified(url), {}, False)
     target = parse_sentinel(url)
     if target is None:
         return CeleryTarget(url, {}, False)
