@@ -241,8 +241,9 @@ def tls_and_socket_redis(tmp_path: Path) -> Iterator[tuple[str, str]]:
 @pytest.mark.slow
 def test_rediss_and_unix_socket_urls_run_the_fleet_end_to_end(
         tls_and_socket_redis: tuple[str, str], tiny_checkpoint: tuple[Path, Path], tmp_path: Path) -> None:
-    """A worker and the API on one Redis, each tier once over TLS (certificate verified against the
-    test's CA) and once over the Unix socket: jobs and `/toxicity` are scored, `/readyz` sees the worker."""
+    """A worker and the API on one Redis, each tier once over TLS (the certificate verified against the
+    test's CA, by default) and once over the Unix socket: jobs and `/toxicity` are scored, `/readyz`
+    sees the worker; without the CA the API refuses the server."""
     unix, tls = tls_and_socket_redis
     for worker_url, api_url, name in ((tls, unix, "w-tls"), (unix, tls, "w-unix")):
         procs: list[Proc] = []
@@ -259,3 +260,9 @@ def test_rediss_and_unix_socket_urls_run_the_fleet_end_to_end(
         finally:
             for proc in reversed(procs):
                 proc.stop()
+    # Verified, not only encrypted: without the test's CA the same server's certificate is refused.
+    api, url = start_api(tmp_path, tls.split("?")[0], name="untrusted-api")
+    try:
+        assert httpx.get(url + "/readyz", timeout=10).status_code == 503
+    finally:
+        api.stop()
