@@ -112,6 +112,21 @@ def test_a_job_is_a_404_after_expires_at_and_a_key_starts_a_new_job_after_the_id
         assert again.json()["id"] == fresh.json()["id"] and again.headers["idempotent-replayed"] == "true"
 
 
+def test_a_deleted_jobs_idempotency_key_starts_a_new_job(fleet: Fleet) -> None:
+    """Once its job is deleted, a retried Idempotency-Key makes a new job, where it used to answer 202
+    with the deleted job's id, whose GET was then a 404 (found by schemathesis's stateful phase)."""
+    with httpx.Client(base_url=fleet.url, headers={**as_(ALICE), "Idempotency-Key": "deleted-key"},
+                      timeout=30) as api:
+        first = api.post("/v1/jobs", json={"texts": ["to delete"]})
+        assert first.status_code == 202 and api.delete(first.headers["location"]).status_code == 204
+        second = api.post("/v1/jobs", json={"texts": ["to delete"]})
+        assert second.status_code == 202 and "idempotent-replayed" not in second.headers, second.headers
+        assert second.json()["id"] != first.json()["id"]
+        assert api.get(second.headers["location"], params={"wait": 20}).json()["status"] == "succeeded"
+        replay = api.post("/v1/jobs", json={"texts": ["to delete"]})
+        assert replay.json()["id"] == second.json()["id"] and replay.headers["idempotent-replayed"] == "true"
+
+
 def test_drop_in_endpoints_answer_502_when_the_workers_fail_the_job(fleet: Fleet) -> None:
     """A text the worker refuses (longer than its limit, within the API's) fails the job in the worker:
     `/toxicity` and `/toxicity/batch` answer 502 `/problems/scoring-failed` with the worker's reason; a
