@@ -625,15 +625,15 @@ def test_rowwise_int8_scores_a_text_the_same_whatever_shares_its_pass_or_is_refu
     assert max(abs(a - b) for a, b in zip(alone, beside, strict=True)) <= 1e-4
 
 
-@pytest.mark.parametrize("backend_class", [TorchCompiledBackend, TorchBf16CompiledBackend])
+@pytest.mark.parametrize(("name", "backend_class"), [("torch-compiled", TorchCompiledBackend),
+                                                     ("torch-bf16-compiled", TorchBf16CompiledBackend)])
 def test_compiled_backends_are_refused_without_a_compiler_before_the_model_loads(
-        backend_class: type[TorchCompiledBackend], monkeypatch: pytest.MonkeyPatch, exported: WorkerSettings,
-        tmp_path: Path) -> None:
+        name: str, backend_class: type[TorchCompiledBackend], monkeypatch: pytest.MonkeyPatch,
+        exported: WorkerSettings, tmp_path: Path) -> None:
     """Without a C++ compiler TorchInductor cannot build kernels: the backend refuses, saying so, before
     the loader spends a model load on it, and the gate records the reason as a failed row."""
     from worker.backends.loader import load_backend
 
-    name = backend_class.name
     monkeypatch.delenv(COMPILER_ENV, raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler"):
