@@ -41,7 +41,7 @@ def make_celery(settings: ApiSettings) -> Celery:
     # "<class>+<url>" is Celery's own syntax for a backend class with a URL.
     target = celery_target(settings.redis_url)
     cls = SendOnlySentinelBackend if target.sentinel else SendOnlyRedisBackend
-    backend = f"{cls.__module__}:{cls.__qualname__}+{target.url}"
+    backend = f"{cls.__module__}:{cls.__qualname__}+{target.backend_url}"
     app = Celery("toxfleet-api", broker=target.url, backend=backend, set_as_current=False)
     app.conf.update(
         celery_config(visibility_timeout=settings.visibility_timeout, result_expires=settings.result_expires,

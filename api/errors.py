@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
 PROBLEM_TYPE = "application/problem+json"
@@ -146,10 +147,33 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
     return problem_response(422, "validation", "Request validation failed", detail, errors=errors)
 
 
-async def _http(_: Request, exc: Exception) -> JSONResponse:
+def index_methods(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
+    """Record which methods each route path serves, for the `Allow` header of a 405. Starlette's 405
+    names only the methods of the first route whose path matched, and a path that several routes
+    serve (a job's GET and DELETE, each its own route) would advertise only one of them."""
+    app.state.route_methods = [(r.path_regex, frozenset(r.methods or ())) for r in routes if isinstance(r, Route)]
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this request's path, as `Allow` lists them."""
+    table = getattr(request.app.state, "route_methods", [])
+    path = request.scope.get("path", "")
+    return ", ".join(sorted({m for regex, methods in table if regex.match(path) for m in methods}))
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     name, title = _HTTP_PROBLEMS.get(exc.status_code, ("http-error", "HTTP error"))
-    return problem_response(exc.status_code, name, title, str(exc.detail), dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
+    elif exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+        # FastAPI's "error parsing the body": JSON that is not UTF-8. Invalid JSON is a 422 validation
+        # problem (FastAPI's own JSON decode error), and so is this.
+        msg = f"not UTF-8 JSON ({exc.__cause__.__class__.__name__})"
+        return problem_response(422, "validation", "Request validation failed", f"body: {msg}",
+                                errors=[{"loc": ["body"], "msg": msg, "type": "json_invalid"}])
+    return problem_response(exc.status_code, name, title, str(exc.detail), headers)
 
 
 def install(app: FastAPI) -> None:

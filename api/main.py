@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 
-from api import admission, auth, bodylimit, errors, metrics_server
+from api import admission, auth, bodylimit, errors, metrics_server, openapi
 from api.deps import keyed_operations
 from api.metrics import LOOP_LAG, MetricsMiddleware
 from api.routes import compat, health, jobs
@@ -61,7 +61,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router)
     routes = [r for router in routers for r in router.routes]  # included without a prefix of their own
+    errors.index_methods(app, [*app.router.routes, *routes])
     auth.document_bearer(app, keyed_operations(routes))
+    openapi.document_limits(app, settings)
     # Inside the metrics middleware, so that its 429s are counted; outside the body limit, the cheaper refusal.
     admission.install(app, lag, settings.max_loop_lag, admission.guarded_paths(routes, NEW_WORK))
     if settings.api_metrics_port:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from toxfleet.contract import FINISHED_STATES, JobState, LongText, Priority
+from toxfleet.contract import FINISHED_STATES, LABELS, JobState, LongText, Priority
 from toxfleet.thresholds import check_labels, check_threshold
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 """Job ids are UUID4 hex strings; anything else is rejected before Redis is asked."""
+
+_PROBABILITY = {"type": "number", "minimum": 0, "maximum": 1}
+ThresholdsField = Annotated[float | dict[str, float] | None, WithJsonSchema({"anyOf": [
+    _PROBABILITY, {"type": "object", "propertyNames": {"enum": list(LABELS)}, "additionalProperties": _PROBABILITY},
+    {"type": "null"}]})]
+"""A request's thresholds, as the schema states what `JobRequest._thresholds` accepts: one number in
+[0, 1], or {label: number in [0, 1]} with known labels (never `true` or `"0.5"`)."""
 
 
 class JobRequest(BaseModel):
@@ -23,9 +30,18 @@ class JobRequest(BaseModel):
         "interactive", description="`interactive` (default): workers take it before any bulk work; `bulk`: "
         "backfills, scored when no interactive work waits (the Python client's `score` and `toxfleet score` "
         "send this).")
-    thresholds: float | dict[str, float] | None = Field(
+    thresholds: ThresholdsField = Field(
         None, description="Flag thresholds for this job: one probability for every label, or {label: probability} "
         "overriding the configured ones; default: the configured thresholds (0.5 unless set).")
+
+    @field_validator("thresholds", mode="before")
+    @classmethod
+    def _numbers_only(cls, value: Any) -> Any:
+        """JSON numbers only: pydantic would otherwise read `true` as 1.0 and `"0.5"` as 0.5."""
+        values = value.values() if isinstance(value, dict) else [value]
+        if value is not None and any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+            raise ValueError("thresholds: a number in [0, 1], or {label: number in [0, 1]}")
+        return value
 
     @field_validator("thresholds")
     @classmethod

@@ -158,9 +158,49 @@ class CeleryTarget:
     transport_options: dict[str, Any]
     """Extra `broker_transport_options` and `result_backend_transport_options` (the master's name)."""
     sentinel: bool
+    backend_url: str = ""
+    """The result backend's URL alone, for a backend class named with it (`<class>+<url>`): `url` unless
+    that carries a transport prefix (a socket's `redis+socket://`)."""
+
+    def __post_init__(self) -> None:
+        if not self.backend_url:
+            object.__setattr__(self, "backend_url", self.url)
+
+
+UNIX_SCHEME = "unix://"
+SOCKET_TRANSPORT = "redis+socket://"
+"""kombu's spelling of a Redis on a Unix socket (it knows no `unix://`); Celery's backend takes the part
+after `redis+`."""
+
+
+def _unix_target(url: str) -> CeleryTarget:
+    """`unix:///path.sock?db=N` (redis-py's form) as Celery spells it: `redis+socket:///path.sock`, with
+    the database as `virtual_host` (what kombu and Celery's backend read on a socket)."""
+    netloc, path, query = _split(url)
+    params = parse_qs(query)
+    db = params.pop("db", ["0"])[0]
+    rest = "".join(f"&{quote(k, safe='')}={quote(v, safe='')}" for k, vs in params.items() for v in vs)
+    spelled = f"{SOCKET_TRANSPORT}{netloc}{path}?virtual_host={quote(db, safe='')}{rest}"
+    return CeleryTarget(spelled, {}, False, backend_url=spelled.removeprefix("redis+"))
+
+
+TLS_SCHEME = "rediss://"
+
+
+def _verified(url: str) -> str:
+    """A `rediss://` URL with `ssl_cert_reqs=required` unless it sets that parameter itself: what
+    redis-py (the API's clients) does by default, where Celery's backend refuses a `rediss://` URL
+    without it and kombu's broker then skips certificate checks."""
+    if "ssl_cert_reqs=" in _split(url)[2]:
+        return url
+    return url + ("&" if "?" in url else "?") + "ssl_cert_reqs=required"
 
 
 def celery_target(url: str) -> CeleryTarget:
+    if url.startswith(UNIX_SCHEME):
+        return _unix_target(url)
+    if url.startswith(TLS_SCHEME):
+        return CeleryTarget(_verified(url), {}, False)
     target = parse_sentinel(url)
     if target is None:
         return CeleryTarget(url, {}, False)

@@ -58,8 +58,9 @@ async def submit_job(
     caller: CallerDep,
     idempotency_key: Annotated[str | None, Header(
         min_length=1, max_length=255,
-        description="Retrying with the same key returns the same job (remembered for `idempotency_ttl`); "
-                    "the same key with a different body is 422.")] = None,
+        description="Retrying with the same key returns the same job while it exists (the key is remembered "
+                    "for `TOXFLEET_IDEMPOTENCY_TTL`; after that, or once the job is deleted or expired, the key "
+                    "starts a new job); the same key with a different body is 422.")] = None,
 ) -> JobAccepted:
     """Enqueue texts for scoring; poll the Location it returns."""
     settings = caller.settings

@@ -36,6 +36,11 @@ from toxfleet.thresholds import Thresholds
 logger = logging.getLogger(__name__)
 
 
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+"""Delete an Idempotency-Key record only if it still holds the value read (a concurrent submit may
+already have replaced it with a record of its new job)."""
+
+
 def new_job_id() -> str:
     return uuid.uuid4().hex
 
@@ -65,7 +70,7 @@ class SubmitService:
                      thresholds: Thresholds | None = None, owner: str | None = None,
                      priority: str = contract.INTERACTIVE, job_id: str | None = None) -> Submitted:
         """Enqueue a job; returns `(job_id, created, status)`. With an idempotency key seen before (and the
-        same request `fingerprint`), returns the earlier job instead, `created` False. `owner` (the
+        same request `fingerprint`), returns the earlier job instead while it exists, `created` False. `owner` (the
         caller's key id, a hash, never the key) is stored with the job and scopes the idempotency key. A job whose
         texts are all in the score cache is stored as succeeded at once, and no worker sees it. `job_id`
         (one of `new_job_id`'s) is the id to give a new job, for a caller that watches it before it exists."""
@@ -85,7 +90,13 @@ class SubmitService:
             scoped = f"{owner}\n{idempotency_key}" if owner else idempotency_key
             idem_key = keys.IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(scoped.encode()).hexdigest()
         try:
-            if idem_key and (earlier := await self._redis.get(idem_key)) is not None:
+            earlier = await self._redis.get(idem_key) if idem_key else None
+            if idem_key and earlier is not None and not await self._redis.exists(
+                    keys.job_key(json.loads(earlier)["job_id"])):
+                # Its job was deleted, or expired before the key did: the key is free, for a new job.
+                await self._redis.eval(_RELEASE, 1, idem_key, earlier)
+                earlier = None
+            if earlier is not None:
                 replayed = self._replay(earlier, fingerprint)
                 await self._acknowledge()  # what an earlier attempt wrote may not be on a replica yet
                 return Submitted(replayed, False)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from testing import ROOT, start_worker
-from tests.cpu import needs_exact_int8
+from tests.cpu import lift_speed_refusals, needs_exact_int8
 from tests.deploy.deployfiles import parse_dockerfile, shell_commands
 from worker import export
 from worker.backends.compiled import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, TorchCompiledBackend
@@ -539,18 +539,20 @@ def test_compiled_fp32_compiles_while_it_loads_and_is_within_the_fp32_budget(exp
     assert 0 < row.max_abs <= FP32_BUDGET.max_abs and row.flips == 0, row
 
 
-@pytest.mark.skipif(TorchBf16CompiledBackend.unavailable() is not None,
-                    reason=f"torch-bf16-compiled: {TorchBf16CompiledBackend.unavailable()}")
-def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does(exported: WorkerSettings,
-                                                                                   reference) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.skipif(TorchCompiledBackend.unavailable() is not None,
+                    reason=f"torch-bf16-compiled: {TorchCompiledBackend.unavailable()}")
+def test_compiled_bf16_compiles_while_it_loads_and_computes_what_eager_bf16_does(
+        exported: WorkerSettings, reference, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """`torch-bf16-compiled` compiles its graphs before it is ready, so no job waits for a compile
     whatever its batch size and lengths, and it is as close to the reference as eager `torch-bf16`.
     The tiny checkpoint's random weights magnify bf16 rounding far past the reduced budget (both fail
-    it here); whether a checkpoint may run it is the gate's call, on its trained weights."""
+    it here); whether a checkpoint may run it is the gate's call, on its trained weights. Checked on
+    every CPU with a compiler: without bf16 units, emulated (`lift_speed_refusals`)."""
     from torch._dynamo.utils import counters
 
     from worker.backends.loader import load_backend
 
+    lift_speed_refusals(monkeypatch)
     texts, ref_scores, labels = reference
     eager = measure(load_backend("torch-bf16", exported), texts, ref_scores, labels, exported)
     backend = load_backend("torch-bf16-compiled", exported)
@@ -575,13 +577,14 @@ def _head(names: Iterable[str]) -> set[str]:
     return {name for name in names if "pooler" in name.split(".")[-2:] or name.startswith("classifier")}
 
 
-@pytest.mark.skipif(TorchBf16Backend.unavailable() is not None,
-                    reason=f"torch-bf16: {TorchBf16Backend.unavailable()}")
-def test_bf16_keeps_the_classification_head_in_fp32(exported: WorkerSettings) -> None:
+def test_bf16_keeps_the_classification_head_in_fp32(exported: WorkerSettings,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Under `torch-bf16`'s autocast every Linear layer computes in bf16 but the pooler's and the
-    classifier's, which stay fp32: their rounding would reach the scores undamped (`reduced.FP32_HEAD`)."""
+    classifier's, which stay fp32: their rounding would reach the scores undamped (`reduced.FP32_HEAD`).
+    On every CPU: without bf16 units, emulated (`lift_speed_refusals`)."""
     from worker.backends.loader import load_backend
 
+    lift_speed_refusals(monkeypatch)
     backend = load_backend("torch-bf16", exported)
     assert isinstance(backend, TorchBf16Backend)
     seen: dict[str, torch.dtype] = {}
@@ -598,15 +601,39 @@ def test_bf16_keeps_the_classification_head_in_fp32(exported: WorkerSettings) ->
     assert len(_head(seen)) == 2 and set(seen.values()) == {torch.float32, torch.bfloat16}, seen
 
 
-@pytest.mark.parametrize("backend_class", [TorchCompiledBackend, TorchBf16CompiledBackend])
+def test_rowwise_int8_scores_a_text_the_same_whatever_shares_its_pass_or_is_refused(
+        exported: WorkerSettings, reference, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """`torch-int8-rowwise` (per-row int8 `torch._int_mm`, some projections in bf16) on every CPU: with
+    int8 dot products it computes differently from fp32 yet keeps its ranking, and a text scores as it
+    does alone beside a long, different one (one scale per row); without them oneDNN's int8 matmul
+    saturates, and the backend is refused before the model loads, naming what the CPU lacks."""
+    from worker.backends.loader import load_backend
+    from worker.backends.reduced import int8_dot_unavailable
+
+    lift_speed_refusals(monkeypatch)  # its bf16 projections are emulated where the CPU lacks bf16 units
+    if int8_dot_unavailable() is not None:
+        with pytest.raises(RuntimeError, match="int8 dot products"):
+            load_backend("torch-int8-rowwise", exported)
+        return
+    texts, ref_scores, labels = reference
+    backend = load_backend("torch-int8-rowwise", exported)
+    row = measure(backend, texts, ref_scores, labels, exported)
+    # Saturated int8 arithmetic (oneDNN held to AVX2) gave a rank agreement of 0.09 here; per-row int8 0.94.
+    assert row.mean_abs > 0 and row.min_spearman >= 0.8, row
+    text, neighbour = backend.tokenize(["a short comment, thanks for sharing", "word " * 300 + "!!! ???"])
+    alone, beside = backend.predict([text])[0], backend.predict([text, neighbour])[0]
+    assert max(abs(a - b) for a, b in zip(alone, beside, strict=True)) <= 1e-4
+
+
+@pytest.mark.parametrize(("name", "backend_class"), [("torch-compiled", TorchCompiledBackend),
+                                                     ("torch-bf16-compiled", TorchBf16CompiledBackend)])
 def test_compiled_backends_are_refused_without_a_compiler_before_the_model_loads(
-        backend_class: type[TorchCompiledBackend], monkeypatch: pytest.MonkeyPatch, exported: WorkerSettings,
-        tmp_path: Path) -> None:
+        name: str, backend_class: type[TorchCompiledBackend], monkeypatch: pytest.MonkeyPatch,
+        exported: WorkerSettings, tmp_path: Path) -> None:
     """Without a C++ compiler TorchInductor cannot build kernels: the backend refuses, saying so, before
     the loader spends a model load on it, and the gate records the reason as a failed row."""
     from worker.backends.loader import load_backend
 
-    name = backend_class.name
     monkeypatch.delenv(COMPILER_ENV, raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler"):

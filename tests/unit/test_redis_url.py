@@ -44,7 +44,7 @@ def test_celery_gets_its_own_spelling_and_the_master_name_for_broker_and_backend
     plain = celery_config(visibility_timeout=30, result_expires=60, redis_url="redis://h:6379/0")
     assert plain["broker_transport"] == SHARED_CLIENT_TRANSPORT
     assert "master_name" not in plain["broker_transport_options"]
-    assert celery_target("rediss://h:6379/0").url == "rediss://h:6379/0"
+    assert celery_target("rediss://h:6379/0").url == "rediss://h:6379/0?ssl_cert_reqs=required"
 
 
 def test_messages_never_show_the_password() -> None:
@@ -64,3 +64,22 @@ def test_the_apis_sentinel_pool_still_blocks_at_its_size() -> None:
     assert pool.connection_kwargs["db"] == 3 and pool.connection_kwargs["password"] == "pw"
     sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
     assert sentinel["password"] is None and sentinel["socket_timeout"] == 1  # sentinels: no auth, same timeouts
+
+
+def test_a_unix_socket_url_is_spelled_as_kombu_and_celerys_backend_read_it() -> None:
+    """kombu knows no `unix://` transport (a worker on one died at start: "No such transport: unix"):
+    the broker gets `redis+socket://`, the backend class the part after `redis+`, the database as
+    `virtual_host`, other parameters kept."""
+    target = celery_target("unix:///run/redis/redis.sock?db=3&password=pw")
+    assert target.url == "redis+socket:///run/redis/redis.sock?virtual_host=3&password=pw"
+    assert target.backend_url == "socket:///run/redis/redis.sock?virtual_host=3&password=pw"
+    assert celery_target("unix:///r.sock").url == "redis+socket:///r.sock?virtual_host=0"
+    assert celery_target("redis://h:6379/0").backend_url == "redis://h:6379/0"
+
+
+def test_a_tls_url_verifies_the_certificate_unless_it_says_otherwise() -> None:
+    """Celery's backend refuses `rediss://` without `ssl_cert_reqs` (a worker on one failed at its first
+    result) and kombu's broker then skips verification: the default is redis-py's, `required`."""
+    assert celery_target("rediss://:pw@h:6379/0").url == "rediss://:pw@h:6379/0?ssl_cert_reqs=required"
+    assert celery_target("rediss://h/0?ssl_ca_certs=/ca.pem").url == "rediss://h/0?ssl_ca_certs=/ca.pem&ssl_cert_reqs=required"
+    assert celery_target("rediss://h/0?ssl_cert_reqs=none").url == "rediss://h/0?ssl_cert_reqs=none"
