@@ -247,10 +247,3 @@ def renew_deliveries(channel: Any, delivery_tags: Collection[str], now: float) -
         return 0
     with channel.conn_or_acquire() as client:
         return int(client.zadd(key, dict.fromkeys(delivery_tags, now), xx=True, ch=True))
-
-
-TRANSPORT = f"{__name__}:Transport"
-"""The `broker_transport` setting naming this transport."""
-
-SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
-"""The same over Redis Sentinel (`sentinel://` broker URLs)."""

@@ -33,8 +33,6 @@ KEEP_FP32_DEFAULT = ("classifier",)
 """Linear layers never quantized: the classifier (6 x hidden: no measurable cost, and its error would
 reach the logits undamped)."""
 
-QUANT_THREADS_NOTE = "torch._int_mm on CPU uses oneDNN (AVX512-VNNI / AMX where present)"
-
 
 @dataclass
 class QuantPlan:
