@@ -1,6 +1,6 @@
 """Research recipes on top of `worker.backends.rowwise`, measured by `tools.int8_bench` and shipped by
 no backend: SmoothQuant for the torch per-row int8 Linear, and a greedy search for the layers to keep
-in higher precision. Results and reasoning: docs/int8-recipes.md.
+in higher precision. Results and reasoning: docs/history.md (the int8 recipes).
 """
 
 from __future__ import annotations

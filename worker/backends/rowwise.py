@@ -12,7 +12,7 @@ The output projections (the inputs with the largest outliers) stay in bf16 and t
 fp32: `default_plan`, the only plan the loader uses. It does not pass the fidelity gate on trained
 weights, so `auto` picks it only where the gate says so. The recipes it was chosen from (SmoothQuant,
 a greedy search for layers to keep) live in `tools.int8_recipes`; the measurements, in
-docs/int8-recipes.md.
+docs/history.md.
 """
 
 from __future__ import annotations
