@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings
 
 from api.settings import ApiSettings
 from fleet.settings import SharedSettings
+from worker.backends import registry
 from worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +103,12 @@ def benchmarks() -> str:
     return "\n".join(rows) + "\n"
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"config": config, "benchmarks": benchmarks}
+def backends() -> str:
+    """The backend table, from `worker.backends.registry` (which imports no torch)."""
+    return registry.markdown_table().rstrip("\n") + "\n"
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"config": config, "benchmarks": benchmarks, "backends": backends}
 """Block name -> what renders its body."""
 
 

@@ -117,3 +117,4 @@ def test_the_generated_table_names_every_variable_once_with_its_default() -> Non
     assert edited != text and readme.stale(edited) == ["config"]
     assert readme.render(edited) == text
     assert readme.benchmarks().splitlines()[0].startswith("| CPU |")
+    assert readme.stale(text.replace(readme.backends(), "| stale |\n")) == ["backends"]
