@@ -10,5 +10,4 @@ UVICORN_OPTIONS = ("--loop", "asyncio")
 and the benchmark's servers (tests/deploy checks the static ones). The stdlib event loop, not uvloop:
 libuv accepts one connection per loop iteration (libuv#3696), so a saturated API left new connections
 in the kernel's accept queue for seconds, its fast 429s included; the stdlib loop accepts every waiting
-connection at once. At 32 clients both cost the same CPU per job (`bench.cpu_per_job`,
-variant `asyncio-httptools`)."""
+connection at once, at the same CPU per job (`bench.cpu_per_job`, variant `asyncio-httptools`)."""

@@ -3,8 +3,7 @@
 The backlog check (`api.services.submit`) bounds the work waiting for the workers. It cannot see work
 waiting for the API: when one API process is the bottleneck (a model so fast that the workers keep up,
 or a burst), requests queue in front of its event loop without bound, and every answer, a refusal
-included, comes as late as that queue is long (the tiny checkpoint at twice its capacity: 429s after
-24.7 s at p99).
+included, comes as late as that queue is long (measured: docs/history.md).
 
 `LoopLag` tells how far behind the loop stays. `Admission` (pure ASGI, before routing and body
 parsing) refuses new work while that is over the limit. A refusal costs a small fraction of an accepted job, so

@@ -39,7 +39,7 @@ async def count_request(redis: aioredis.Redis, window: str) -> int:
 
 bearer = HTTPBearer(auto_error=False, description="An API key from `TOXFLEET_API_KEYS` (when it is set).")
 """The bearer scheme as OpenAPI declares it (the /docs Authorize button), never called per request:
-as a sub-dependency FastAPI solved it on every request (≈ 5 % of the API's CPU per job, issue 11)."""
+as a sub-dependency FastAPI would solve it on every request, a cost paid by every job."""
 
 
 def document_bearer(app: FastAPI, operations: set[tuple[str, str]]) -> None:

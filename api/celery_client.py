@@ -70,9 +70,9 @@ def send_messages(celery: Celery, jobs: Sequence[Messages]) -> None:
     without it, one LPUSH each). Blocking: run it in a thread.
 
     Nothing is declared (`declare=[]`): Celery otherwise declares the target queue on every send,
-    through kombu's cached `maybe_declare`, whose retry wrapper alone was ≈ 4 % of the API's CPU per
-    job (issue 11). A task goes to its queue by name (the default exchange, routing key = queue), which
-    on Redis needs no binding, and the workers declare the queues they consume."""
+    through kombu's cached `maybe_declare`, whose retry wrapper alone costs every job. A task goes to
+    its queue by name (the default exchange, routing key = queue), which on Redis needs no binding,
+    and the workers declare the queues they consume."""
     with celery.producer_or_acquire() as producer, producer.batch():
         for job in jobs:
             headers = {contract.SENT_AT_HEADER: job.sent_at}  # workers measure queue wait from it
@@ -86,8 +86,8 @@ def send_messages(celery: Celery, jobs: Sequence[Messages]) -> None:
 class Publisher:
     """Sends the messages of concurrent submits together (`api.coalescer`): one thread hop, one
     producer and one Redis round trip for every job whose submit arrived while the previous send was
-    in flight; on the tiny checkpoint, grouping cut the API's CPU per job by 17 %. A failed
-    send fails every submit of its group, each of which then answers 503 and forgets its job."""
+    in flight, so that each job pays a share of those fixed costs. A failed send fails every submit of
+    its group, each of which then answers 503 and forgets its job."""
 
     def __init__(self, celery: Celery) -> None:
         self._celery = celery

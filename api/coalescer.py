@@ -3,8 +3,8 @@
 There is no timer: on an idle API a request's I/O starts at once, alone, in the request's own task; on
 a busy one every request that arrives while a group is in flight waits for it and then goes in the
 next group, as the workers batch requests (`worker.batching`). What a group shares is the fixed cost
-of one round trip, a thread hop, a connection taken from the pool, the event-loop wake-ups, which per
-request was most of the API's cost of a Redis write or a kombu send on a small model (issue 11).
+of one round trip, a thread hop, a connection taken from the pool, the event-loop wake-ups: for a
+small model, most of what a Redis write or a kombu send costs the API per request.
 
 `Coalescer(run)` takes `run(items) -> results`, list in and list out; `pipelined(redis)` is one
 whose items queue commands on a shared Redis pipeline, each getting its own replies back.

@@ -2,12 +2,12 @@
 
 All are `async def` reading `app.state`: FastAPI runs a sync dependency in the threadpool (a thread
 hop per dependency per request), and the production app sets no `dependency_overrides`, because
-FastAPI re-analyses an overridden dependency's signature on every request (about a third of the
-API's CPU per job when settings were overridden that way).
+FastAPI re-analyses an overridden dependency's signature on every request, which would dominate
+the API's CPU per job.
 
 A job or scoring route takes one `CallerDep` (settings, services and the caller's key at once)
 rather than one dependency each: FastAPI solves every dependency, and every dependency's own, on
-every request, and with four of them per route that was ≈ 18 % of the API's CPU per job (issue 11).
+every request, so each dependency a route declares costs every job.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from toxfleet.thresholds import DEFAULT_THRESHOLD, Thresholds, check_labels
 class ApiSettings(SharedSettings):
     max_wait: float = Field(30.0, ge=0, le=300, description="Longest long-poll (`?wait=`) in seconds.")
     compat_timeout: float = Field(30.0, gt=0, le=300,
-                                  description="How long the drop-in /toxicity endpoints wait for a result.")
+                                  description="How long the drop-in /toxicity endpoints wait for a result "
+                                              "(then 504 `scoring-timeout`).")
     max_queue_depth: int = Field(10_000, ge=1, description="Absolute cap on waiting messages (queued or "
                                  "prefetched by workers); above it new jobs get 429.")
     backlog_per_process: int = Field(64, ge=1, le=100_000,

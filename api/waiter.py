@@ -2,7 +2,7 @@
 
 Celery's Redis backend publishes every stored result on a channel named after the result key. A
 pub/sub connection per waiting request would tie up one Redis connection per client (100 clients
-long-polling exhausted the pool in the benchmark); here one listener task reads a single connection
+long-polling would exhaust the pool); here one listener task reads a single connection
 and hands each message to the requests waiting on that key.
 
 The connection holds one permanent pattern subscription to every result channel, confirmed by Redis

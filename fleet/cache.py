@@ -45,7 +45,7 @@ DEFAULT_TTL = 86_400
 
 DEFAULT_MAX_ENTRIES = 100_000
 """Most entries kept. Each costs about 0.7 KB of Redis memory with 7 labels (key, JSON scores, index
-entry; measured ~680 bytes), so the default cap is about 70 MB."""
+entry), so the default cap is about 70 MB."""
 
 Scores = dict[str, float]
 

@@ -37,10 +37,6 @@ def bind_job(job_id: str) -> None:
     _job.set(job_id)
 
 
-def bound_job() -> str | None:
-    return _job.get()
-
-
 def bind_fields(**fields: Any) -> None:
     """Add `fields` to every later JSON line of the current request (asyncio task or thread), unless
     a line sets them itself: the API binds a job's counts, so its access line carries them."""

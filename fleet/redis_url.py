@@ -111,10 +111,6 @@ def redact(url: str) -> str:
     return url.replace(netloc, f"{userinfo.partition(':')[0]}:***@{hosts}", 1)
 
 
-def is_sentinel(url: str) -> bool:
-    return url.startswith(SENTINEL_SCHEME)
-
-
 def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     """A blocking client of the Redis at `url` (of the current master, for a Sentinel URL).
     `kwargs` are redis-py connection options (`socket_timeout`...), used for the sentinels too."""

@@ -1,7 +1,7 @@
 """kombu's Redis transport, reusing one Redis client per channel (`broker_transport` in celeryconf).
 
 kombu builds a new `redis.Redis` object for every publish, ack and pipeline
-(`Channel.conn_or_acquire` -> `_create_client`): about 0.1 ms of Python each, several times per job
+(`Channel.conn_or_acquire` -> `_create_client`): Python work each time, several times per job
 in the worker's main process and once per message in the API. A client object holds no per-command
 state (each command takes a connection from the pool, which is thread-safe), so one per channel and
 pool serves every caller, the API's sending threads included. A new pool (kombu makes one after a
@@ -12,8 +12,8 @@ round trip), and a worker that finishes a batch of n requests acks n messages in
 its event loop; they are held and removed from the unacked index in one pipeline at its end, just
 before kombu decides which channels may fetch (`_Poller.on_poll_start`): an ack frees a prefetch slot.
 Deliveries go in the same pipeline: kombu copies each message it pops into the unacked hash with a
-pipeline of its own (ZADD and HSET, a round trip per message, ≈ 20 % of the worker's main process per
-job on the tiny checkpoint); held, they land at the end of the iteration that delivered them, before
+pipeline of its own (ZADD and HSET, a round trip per message, a large part of the worker's main process
+on a small model); held, they land at the end of the iteration that delivered them, before
 its acks, and before anything that reads them back (a reject, a restore, the channel's close).
 
 `SentinelTransport` does the same over kombu's Sentinel transport: its channel's pool is the one
@@ -247,10 +247,3 @@ def renew_deliveries(channel: Any, delivery_tags: Collection[str], now: float) -
         return 0
     with channel.conn_or_acquire() as client:
         return int(client.zadd(key, dict.fromkeys(delivery_tags, now), xx=True, ch=True))
-
-
-TRANSPORT = f"{__name__}:Transport"
-"""The `broker_transport` setting naming this transport."""
-
-SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
-"""The same over Redis Sentinel (`sentinel://` broker URLs)."""

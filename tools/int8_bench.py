@@ -37,14 +37,13 @@ from tools.int8_measure import (
     speed_row,
 )
 from tools.int8_onnx import OrtModel, onnx_fp32, onnx_role_search, onnx_variants
+from tools.int8_recipes import apply_smoothed_plan, linear_input_maxima, search_plan
 from worker.backends.rowwise import (
     KEEP_FP32_DEFAULT,
     QuantPlan,
-    activation_maxima,
     apply_plan,
     linear_names,
     output_projections,
-    search_plan,
 )
 from worker.calibration import calibration_texts
 from worker.exports import rowwise as onnx_rowwise
@@ -60,8 +59,8 @@ def variants(model: Any, calibration: Callable[[], dict[str, torch.Tensor]]
 
     def smooth(alpha: float, keep_bf16: Sequence[str] = ()) -> Callable[[], tuple[Any, Callable[[], Any]]]:
         def make() -> tuple[Any, Callable[[], Any]]:
-            plan = QuantPlan(keep_bf16=list(keep_bf16), smooth_alpha=alpha)
-            return apply_plan(copy.deepcopy(model), plan, calibration()), no_context
+            plan = QuantPlan(keep_bf16=list(keep_bf16))
+            return apply_smoothed_plan(copy.deepcopy(model), plan, alpha, calibration()), no_context
         return make
 
     def fp32() -> tuple[Any, Callable[[], Any]]:
@@ -182,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             texts = calibration_texts(args.calibration_texts)
             cal = Runner(tokenizer, tokenizer(texts, truncation=True, max_length=512)["input_ids"], len(labels))
             started = time.perf_counter()
-            maxima.update(activation_maxima(model, cal.batches))
+            maxima.update(linear_input_maxima(model, cal.batches))
             print(f"calibration: {len(texts)} texts, {len(cal.batches)} passes, "
                   f"{time.perf_counter() - started:.1f} s", flush=True)
         return maxima

@@ -1,4 +1,4 @@
-"""Rewrite the generated blocks of README.md from the code that owns what they show.
+"""Rewrite the generated blocks of README.md from what owns what they show (code, or another doc).
 
 A block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`, and
 `BLOCKS[NAME]` renders its body, so that a table never has to be retyped by hand. `python -m
@@ -23,9 +23,13 @@ from pydantic_settings import BaseSettings
 
 from api.settings import ApiSettings
 from fleet.settings import SharedSettings
+from worker.backends import registry
 from worker.settings import WorkerSettings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BENCHMARK_NOTES = ROOT / "docs" / "benchmarks" / "notes.md"
+"""The hand-written part of docs/benchmarks.md, which owns the current results table."""
 
 _BLOCK = re.compile(r"(?P<begin><!-- BEGIN generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)"
                     r"(?P<end><!-- END generated:(?P=name) -->)", re.DOTALL)
@@ -84,7 +88,27 @@ def config() -> str:
     return settings_table({"both": SharedSettings, "api": ApiSettings, "worker": WorkerSettings})
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"config": config}
+def benchmarks() -> str:
+    """The current results table of docs/benchmarks.md (the first table under `## Current results`),
+    without its last column (the links into docs/history.md)."""
+    section = BENCHMARK_NOTES.read_text().split("## Current results\n", 1)[1]
+    rows: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("|"):
+            rows.append("|".join(line.split("|")[:-2]) + "|")
+        elif rows:
+            break
+    if not rows:
+        raise ValueError(f"{BENCHMARK_NOTES}: no table under '## Current results'")
+    return "\n".join(rows) + "\n"
+
+
+def backends() -> str:
+    """The backend table, from `worker.backends.registry` (which imports no torch)."""
+    return registry.markdown_table().rstrip("\n") + "\n"
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"config": config, "benchmarks": benchmarks, "backends": backends}
 """Block name -> what renders its body."""
 
 

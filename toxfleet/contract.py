@@ -54,8 +54,6 @@ def queue_for(priority: str) -> str:
     """The queue a job of this priority is sent to (`send_task(..., queue=queue_for(...))`)."""
     return BULK_QUEUE if priority == BULK else QUEUE
 
-RUNNING_STATE = "STARTED"
-"""Celery state a worker stores for every request of a batch as the batch starts."""
 
 MAX_TEXTS_PER_JOB = 1_000
 """Default cap on texts in one HTTP job or one direct task call."""

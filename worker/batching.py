@@ -57,7 +57,7 @@ _pool_tasks: dict[str, BatchTask] = {}
 def _run_in_pool(task_name: str, batch_id: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # Runs in the pool process, where the model was loaded at process init. The task comes by name and
     # is looked up once per process: a pickled task object is unpickled by re-importing its module and
-    # looking it up in the app on every call (≈ 8 % of a pool process's samples at 2 requests a batch).
+    # looking it up in the app on every call, a cost a small batch feels.
     task = _pool_tasks.get(task_name)
     if task is None:
         task = _pool_tasks[task_name] = current_app.tasks[task_name]

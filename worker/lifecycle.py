@@ -3,8 +3,7 @@ per pool process, then beat the heartbeat and run the sweeper; stop both at shut
 
 This module sits on top of the worker package: it imports the rest, and nothing imports it (Celery
 loads it through the app's `include`). Nothing heavy happens at import: torch and Detoxify are
-imported inside `worker_process_init`, in the pool process that will run the batches (celery-batches
-measured: that is where batches run).
+imported inside `worker_process_init`, in the pool process that will run the batches.
 """
 
 from __future__ import annotations

@@ -107,8 +107,8 @@ return written
 
 class _LeaseRenewer:
     """One thread per process renewing the leases of every batch it is scoring. A thread per batch
-    cost a start and a join per pool call (≈ 4 % of a pool process's CPU at one or two requests per
-    batch, issue 11); batches of a process run one at a time, so there is rarely more than one entry."""
+    cost a start and a join per pool call, which small batches feel; batches of a process run one at a
+    time, so there is rarely more than one entry."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

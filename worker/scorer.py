@@ -1,7 +1,7 @@
 """Turn a batch of texts into forward passes that waste little compute, and scores back in order.
 
 Detoxify pads every text to the longest one in a forward pass, so a batch taken in arrival order
-spends most of its compute on padding (measured here: 2-3x slower than no batching at all). The
+spends most of its compute on padding (it can be slower than no batching at all). The
 scorer tokenizes once, sorts by length, and cuts the sorted run into the passes that cost least in
 all, each within a padded-size cap, then puts the scores back in input order.
 """
@@ -27,8 +27,8 @@ class ScoreStats:
 
 
 PASS_OVERHEAD_TOKENS = 16
-"""What one forward pass costs beyond its padded tokens, in tokens: measured on ALBERT-base fp32,
-one thread (22 ms per pass + 1.37 ms per padded token). It decides when splitting a pass to save
+"""What one forward pass costs beyond its padded tokens, in tokens, for ALBERT-base fp32 on one
+thread (how it was derived: docs/benchmarks.md). It decides when splitting a pass to save
 padding pays. Workers time their own backend instead (`measure_pass_overhead`): on a small or fast
 model the fixed part of a pass is worth far more tokens."""
 

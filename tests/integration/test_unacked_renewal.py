@@ -12,7 +12,8 @@ import pytest
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
-from fleet.transport import TRANSPORT, renew_deliveries
+from fleet.celeryconf import SHARED_CLIENT_TRANSPORT
+from fleet.transport import renew_deliveries
 from testing import RedisServer
 
 
@@ -20,7 +21,7 @@ from testing import RedisServer
 def transport(request: pytest.FixtureRequest) -> str:
     """This project's shared-client transport (`redis://`, `sentinel://`) and kombu's own (`rediss://`,
     `unix://` brokers): the workers renew through either."""
-    return TRANSPORT if request.param == "toxfleet" else "redis"
+    return SHARED_CLIENT_TRANSPORT if request.param == "toxfleet" else "redis"
 
 
 @pytest.fixture(params=["", "fleet-a:"], ids=["no-prefix", "global-keyprefix"])

@@ -1,4 +1,5 @@
-"""Per-row int8 quantization (`worker.quantized`): the arithmetic, the plan, and what makes it pass.
+"""Per-row int8 quantization (`worker.backends.rowwise`, and the research recipes on it in
+`tools.int8_recipes`): the arithmetic, the plan, and what makes it pass.
 
 Pure logic on small tensors, plus one test on a BERT of the `original` layout built from config (no
 download) that shows the property the recipe rests on: a text's scores do not depend on which
@@ -14,21 +15,25 @@ from typing import Any
 import pytest
 import torch
 
+from tools.int8_recipes import (
+    SmoothedInt8Linear,
+    apply_smoothed_plan,
+    linear_input_maxima,
+    search_plan,
+    smooth_scale,
+)
 from worker.backends.rowwise import (
     INT8_MAX,
     KEEP_FP32_DEFAULT,
     Bf16Linear,
     QuantPlan,
     RowwiseInt8Linear,
-    activation_maxima,
     apply_plan,
     default_plan,
     linear_names,
     output_projections,
     quantize_rows,
     quantize_weight,
-    search_plan,
-    smooth_scale,
 )
 
 
@@ -86,18 +91,27 @@ def test_smoothquant_moves_an_outlier_channel_into_the_weights():
     with torch.no_grad():
         expected = linear(x)
         plain = (RowwiseInt8Linear(linear)(x) - expected).abs().mean()
-        smoothed = (RowwiseInt8Linear(linear, smooth)(x) - expected).abs().mean()
+        smoothed = (SmoothedInt8Linear(linear, smooth)(x) - expected).abs().mean()
     assert smoothed < 0.5 * plain
 
 
-def test_smoothquant_plan_needs_calibration_and_round_trips():
-    plan = QuantPlan(smooth_alpha=0.5)
-    assert QuantPlan.from_json(plan.to_json()).smooth_alpha == 0.5
-    with pytest.raises(ValueError, match="calibration"):
-        apply_plan(torch.nn.Sequential(torch.nn.Linear(4, 4)), plan)
+def test_a_smoothed_plan_smooths_only_the_calibrated_int8_layers():
+    """SmoothQuant goes on the int8 layers that have calibration maxima; kept layers stay as the plan
+    says, and an uncalibrated int8 layer gets the plain per-row form."""
+    model = _tiny_bert()
+    x = {"input_ids": torch.randint(5, 100, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+    maxima = linear_input_maxima(model, [x])
+    outputs = output_projections(linear_names(model))
+    uncalibrated = "bert.encoder.layer.0.attention.self.key"
+    del maxima[uncalibrated]
+    apply_smoothed_plan(model, QuantPlan(keep_bf16=outputs), 0.5, maxima)
+    assert isinstance(model.get_submodule("classifier"), torch.nn.Linear)
+    assert all(isinstance(model.get_submodule(n), Bf16Linear) for n in outputs)
+    assert isinstance(model.get_submodule("bert.encoder.layer.0.attention.self.query"), SmoothedInt8Linear)
+    assert isinstance(model.get_submodule(uncalibrated), RowwiseInt8Linear)
 
 
-def test_activation_maxima_records_each_linear_input_channel_max():
+def test_linear_input_maxima_records_each_linear_input_channel_max():
     class Tiny(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -109,7 +123,7 @@ def test_activation_maxima_records_each_linear_input_channel_max():
 
     batches = [{"input_ids": torch.tensor([[1, -7, 2, 0]]), "attention_mask": torch.ones(1, 4)},
                {"input_ids": torch.tensor([[3, 1, -1, 0]]), "attention_mask": torch.ones(1, 4)}]
-    maxima = activation_maxima(Tiny(), batches)
+    maxima = linear_input_maxima(Tiny(), batches)
     assert maxima["a"].tolist() == [3.0, 7.0, 2.0, 0.0]
 
 
@@ -127,11 +141,6 @@ def test_bf16_linear_computes_close_to_fp32():
         got = Bf16Linear(linear)(x)
         assert got.dtype == torch.float32
         assert torch.allclose(got, linear(x), atol=0.05)
-
-
-def test_plan_json_round_trip():
-    plan = QuantPlan(keep_fp32=["classifier", "a.b"], keep_bf16=["c"], note="x")
-    assert QuantPlan.from_json(plan.to_json()) == plan
 
 
 def _tiny_bert(labels: int = 6) -> Any:

@@ -96,8 +96,9 @@ README = ROOT / "README.md"
 
 
 def test_readme_configuration_is_generated_from_the_settings() -> None:
-    """README's configuration table is what `python -m tools.readme` renders from the settings classes
-    now: a field added, or a default or description changed, without rerunning the tool fails here."""
+    """README's generated blocks are what `python -m tools.readme` renders now (the configuration table
+    from the settings classes, the benchmark table from docs/benchmarks/notes.md): a field added, a
+    default or description changed, or a result updated, without rerunning the tool fails here."""
     assert readme.stale(README.read_text()) == [], "README.md is stale: run python -m tools.readme"
 
 
@@ -115,3 +116,5 @@ def test_the_generated_table_names_every_variable_once_with_its_default() -> Non
     edited = text.replace("| `TOXFLEET_BATCH_TOKENS` | 8192 |", "| `TOXFLEET_BATCH_TOKENS` | 2048 |")
     assert edited != text and readme.stale(edited) == ["config"]
     assert readme.render(edited) == text
+    assert readme.benchmarks().splitlines()[0].startswith("| CPU |")
+    assert readme.stale(text.replace(readme.backends(), "| stale |\n")) == ["backends"]

@@ -83,8 +83,8 @@ def hf_windows(tokenizer: Any, texts: Sequence[str], overlap: int = WINDOW_OVERL
 def pad_batch(batch: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, attention_mask) as int64 arrays, padded to the longest sequence with `pad_id`: what a
     Hugging Face tokenizer's `pad(..., return_tensors=...)` gives for the same ids, for every backend. The
-    tokenizer's own `pad` builds a `BatchEncoding` through several layers of Python; on a small model it
-    was ~10 % of a pool process's CPU (py-spy, issue 11)."""
+    tokenizer's own `pad` builds a `BatchEncoding` through several layers of Python, a cost a small
+    model feels on every pass."""
     longest = max((len(seq) for seq in batch), default=0)
     ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
     mask = np.zeros((len(batch), longest), dtype=np.int64)

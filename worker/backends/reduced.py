@@ -18,15 +18,14 @@ from worker.backends.torch import TorchBackend
 from worker.cpus import cpu_flags
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-"""CPU flags that give bf16 matrix units (AMX) or instructions; without one, bf16 is emulated and slow
-(a 512x384 @ 384x1536 matmul, one thread, AVX2-only AMD EPYC, 2026-12-03: 465 ms, against 8.6 in fp32)."""
+"""CPU flags that give bf16 matrix units (AMX) or instructions; without one, bf16 is emulated and far
+slower than fp32 (docs/history.md has the figures)."""
 
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
-"""CPU flags that give int8 matrix units (AMX) or dot-product instructions (VNNI). Without one (same
-host), `torch._int_mm` falls back to slow kernels (the same matmul: 432 ms; the trained MiniLM in
-`torch-int8-rowwise` ran at 1.0 texts/s, fp32 at 23, and took 17 minutes of the gate), and ONNX
-Runtime's uint8 x int8 `MatMulInteger` sums pairs of products in saturating int16 (`vpmaddubsw`):
-with activations up to 255 its int32 results were off by up to 32,908, exact up to 127."""
+"""CPU flags that give int8 matrix units (AMX) or dot-product instructions (VNNI). Without one,
+`torch._int_mm` falls back to kernels far slower than fp32, and ONNX Runtime's uint8 x int8
+`MatMulInteger` sums pairs of products in saturating int16 (`vpmaddubsw`), exact only for activations
+up to 127 (docs/history.md has the figures)."""
 
 
 def _needs_one_of(flags: tuple[str, ...], otherwise: str) -> str | None:
@@ -44,8 +43,8 @@ def bf16_unavailable() -> str | None:
 def int8_dot_unavailable() -> str | None:
     """Why int8 x int8 matmuls would be slow or, in ONNX Runtime, saturate on this CPU, or None.
     `onnx-int8` still loads there (its export and loading do not depend on the CPU): the gate judges
-    what saturation costs, and on the trained MiniLM it failed (16 of 1,024 texts flipped)."""
-    return _needs_one_of(INT8_DOT_FLAGS, "without int8 dot products its matmuls are ~50x slower than fp32 "
+    what saturation costs."""
+    return _needs_one_of(INT8_DOT_FLAGS, "without int8 dot products its matmuls are far slower than fp32 "
                                          "(torch) or saturate (ONNX Runtime)")
 
 
@@ -75,8 +74,7 @@ FP32_HEAD = ("pooler", "classifier")
 """Modules the bf16 backends keep in fp32 (where the model has them): the classification head and the
 pooler before it (BERT, ALBERT). They turn the last hidden state into the logits, so their rounding
 reaches the scores with nothing after it to average it out, and they are a fraction of a per cent
-of a pass's FLOPs. On the trained checkpoint's gate (1,024 texts, an AMD EPYC with `avx512_bf16`,
-2026-12-03, eager): flips 6 -> 3, p99 abs 1.9e-3 -> 1.1e-3, max abs 1.06e-2 -> 9.5e-3."""
+of a pass's FLOPs; keeping them in fp32 cut the gate's flips on the trained checkpoint (docs/history.md)."""
 
 
 def fp32_head(model: Any) -> list[Any]:

@@ -64,8 +64,8 @@ class Int8Recipe:
 
     The default is per-row activations with SmoothQuant, uint8 GELU rows and 32 outlier channels in
     fp32 (`worker.exports.rowwise`): the int8 recipe measured closest to fp32 on the trained checkpoint.
-    ONNX Runtime's per-tensor dynamic quantization is 7x further off there, because one text's outlier
-    token sets the scale of every text padded beside it (docs/int8-recipes.md). The gate decides.
+    ONNX Runtime's per-tensor dynamic quantization is several times further off there, because one text's outlier
+    token sets the scale of every text padded beside it (docs/history.md, the int8 recipes). The gate decides.
     """
 
     activations: str = PER_ROW
@@ -105,7 +105,7 @@ class Int8Recipe:
 DEFAULT_INT8 = Int8Recipe()
 
 PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False, outlier_channels=0)
-"""ONNX Runtime's dynamic quantization, the export's int8 recipe before issue 10 (benchmarks only)."""
+"""ONNX Runtime's dynamic quantization, the export's former int8 recipe (benchmarks only)."""
 
 
 def verify_int8_recipe(directory: Path, manifest: Manifest, recipe: Int8Recipe = DEFAULT_INT8) -> None:

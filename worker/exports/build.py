@@ -3,7 +3,7 @@ torch, then the manifest (`worker.exports.artifacts`), replacing any old export 
 
 Export path, and why: `torch.onnx.export(dynamo=True)` (the default in torch 2.13). The TorchScript
 exporter (`dynamo=False`) traced transformers 5's attention-mask construction into a graph that
-mishandles padding (max logit difference 2-3 on the tiny checkpoint, measured); the dynamo graph
+mishandles padding (logits off by whole units); the dynamo graph
 matches torch to 1e-5. The model is exported with eager attention so that ONNX Runtime's transformer
 optimizer can fuse the layer (SkipLayerNormalization, FastGelu); SDPA exports add NaN guards per layer.
 

@@ -5,7 +5,7 @@ kernels run (MatMulInteger on MLAS' u8 x s8 VNNI GEMM).
 Why not ONNX Runtime's own quantizers: `quantize_dynamic` (`DynamicQuantizeLinear` +
 `MatMulIntegerToFloat`) computes ONE activation scale per tensor per call, so in a padded pass one
 text's outlier token coarsens every text beside it; on trained weights that misses the fidelity gate
-by 10x (docs/int8-recipes.md). ORT's `MatMulInteger` CPU kernel takes only a scalar `a_zero_point`,
+by far (docs/history.md, the int8 recipes). ORT's `MatMulInteger` CPU kernel takes only a scalar `a_zero_point`,
 and `MatMulIntegerToFloat` only a scalar `a_scale`, so per-row scales are written out:
 
     xs = x * inv_smooth                       (SmoothQuant, when calibrated; one per input channel)

@@ -19,7 +19,7 @@ from worker.exports.artifacts import DECISION_FILE, DEFAULT_INT8, installed_vers
 
 DECISION_FORMAT = 3
 """Version of decision.json; another version is ignored (auto falls back to the reference). 2: the
-issue-10 budgets (p99, flips at every threshold, rank agreement); a format-1 decision was judged on
+current budgets (p99, flips at every threshold, rank agreement); a format-1 decision was judged on
 looser ones, so it must be made again. 3: records the int8 recipe whose graph the gate measured
 (`int8_recipe`); a format-2 decision cannot say which it was."""
 

@@ -83,9 +83,8 @@ SPEED_TEXTS = 256
 SPEED_BATCH = 8
 """Texts per timed batch: about what a worker process takes at once under load (9 at 32 clients on the
 trained checkpoint, one at one client). Timed on the whole corpus at once instead, whose 1,024 texts sort
-into full passes of near-equal lengths (a shape the fleet rarely has), the gate once ranked
-`torch-compiled` 1.17x torch and `onnx` 1.11x on an AVX2 host, where the full stack then answered 1.10x
-the existing design with the first and 1.28x with the second (issue 11, fourteenth round)."""
+into full passes of near-equal lengths (a shape the fleet rarely has), the gate ranked backends in the
+opposite order from the full stack (docs/history.md)."""
 
 EDGE_TEXTS = ["", "ok", "You are an idiot!!!", "Ünïcödé ✓ 😀 — ﬁ", "word " * 800]
 """Texts a tokenizer or truncation mistake shows on: empty, tiny, punctuation, non-ASCII, > 512 tokens."""
