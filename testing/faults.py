@@ -18,6 +18,7 @@ Every figure of a case is measured, per run, then `record`ed; `report` sums them
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import platform
 import statistics
@@ -26,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ class ResultObserver(threading.Thread):
         self.first_at: dict[str, float] = {}
         self.first: dict[str, tuple[str, Any]] = {}
         self.changed: set[str] = set()
+        self.metas: dict[str, dict[str, Any]] = {}
+        """Task id -> the last final result meta published for it (backend, batch, pool process)."""
         self.changes: dict[str, str] = {}
         """Task id -> how its later publication differed (`describe_change`), for the case's report."""
         self.stopped = threading.Event()
@@ -81,6 +84,7 @@ class ResultObserver(threading.Thread):
         task_id = str(meta["task_id"])
         outcome = (str(meta["status"]), meta.get("result"))
         self.finals[task_id] += 1
+        self.metas[task_id] = dict(meta)
         if task_id not in self.first:
             self.first_at[task_id] = time.monotonic()
             self.first[task_id] = outcome
@@ -88,6 +92,19 @@ class ResultObserver(threading.Thread):
             self.changed.add(task_id)
             self.changes.setdefault(task_id, describe_change(self.first[task_id], outcome))
 
+
+
+@contextlib.contextmanager
+def observing(url: str) -> Iterator[ResultObserver]:
+    """A `ResultObserver` on `url`, subscribed before the block runs and stopped after it."""
+    results = ResultObserver(url)
+    results.start()
+    try:
+        assert results.subscribed.wait(10), "the observer could not subscribe"
+        yield results
+    finally:
+        results.stopped.set()
+        results.join(5)
 
 def describe_change(first: Any, later: Any) -> str:
     """How two readings of one final result differ: whether only numbers moved (and by how much at

@@ -24,7 +24,7 @@ import redis
 
 from fleet.corpus import CommentCorpus
 from testing import Proc, RedisServer, base_env, start_api, start_worker, wait_for
-from testing.faults import ExecutionLog, ResultObserver, canonical_task, client_summary, measure
+from testing.faults import ExecutionLog, ResultObserver, canonical_task, client_summary, measure, observing
 from testing.scoring import BackgroundScore, assert_detoxify_scores
 from testing.services import execution_log
 from toxfleet.client import Client
@@ -42,13 +42,8 @@ and write their results to the new, empty Redis: nothing would be lost, and noth
 def observer(bare_redis: RedisServer) -> Iterator[ResultObserver]:
     """Every final result published, subscribed before the load (it reconnects after the kill; what
     was published before it lives on in its counts, though Redis lost it)."""
-    results = ResultObserver(bare_redis.url)
-    results.start()
-    try:
-        assert results.subscribed.wait(10)
+    with observing(bare_redis.url) as results:
         yield results
-    finally:
-        results.stopped.set()
 
 
 def finished_jobs(url: str) -> int:

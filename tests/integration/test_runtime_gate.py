@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -26,6 +25,7 @@ import pytest
 from fleet import keys
 from fleet import redis_url as urls
 from fleet.keys import Heartbeat
+from testing.faults import ResultObserver
 from testing.processes import Proc, wait_for
 from testing.services import start_api, start_worker
 from worker.cpus import kernel_signature
@@ -62,31 +62,6 @@ def _switched(client: Any, worker: Proc, backend: str) -> bool:
         raise AssertionError(f"worker died:\n{worker.output()[-3000:]}")
     beat = _beat(client, worker)
     return beat is not None and beat.backend == backend and (beat.gating or {}).get("state") == "decided"
-
-
-class Finals(threading.Thread):
-    """Every final result meta Celery's backend publishes: how often per task, and the backend, batch,
-    pool process and start of the batch that scored it."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.url = url
-        self.count: dict[str, int] = defaultdict(int)
-        self.metas: dict[str, dict[str, Any]] = {}
-        self.stopped = threading.Event()
-        self.subscribed = threading.Event()
-
-    def run(self) -> None:
-        pubsub = urls.sync_client(self.url, socket_timeout=1).pubsub()  # type: ignore[no-untyped-call]
-        pubsub.psubscribe("celery-task-meta-*")
-        self.subscribed.set()
-        while not self.stopped.is_set():
-            message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
-            if message and message["type"] == "pmessage":
-                meta = json.loads(message["data"])
-                if meta["status"] in ("SUCCESS", "FAILURE"):
-                    self.count[meta["task_id"]] += 1
-                    self.metas[meta["task_id"]] = meta
 
 
 def _submit(api: str) -> str:
@@ -128,7 +103,7 @@ def test_a_worker_whose_decision_was_made_on_another_cpu_switches_while_serving(
     foreign = Decision(checkpoint_sha256="0" * 64, chosen="onnx-int8", rows=[], threads=1, texts=64)
     client.set(keys.gate_key("decision", digest), json.dumps(asdict(foreign)))
 
-    finals = Finals(bare_redis.url)
+    finals = ResultObserver(bare_redis.url)
     finals.start()
     assert finals.subscribed.wait(10)
     worker = start_worker(tmp_path, bare_redis.url, tiny_checkpoint, name="other-cpu", concurrency=2,
@@ -168,7 +143,7 @@ def test_a_worker_whose_decision_was_made_on_another_cpu_switches_while_serving(
     assert len(bodies) == len(jobs), f"{len(jobs) - len(bodies)} jobs never finished"
     assert all(b["status"] == "succeeded" for b in bodies.values()), [b for b in bodies.values()
                                                                      if b["status"] != "succeeded"][:3]
-    assert len(finals.metas) >= len(jobs) and set(finals.count.values()) == {1}, dict(finals.count)
+    assert len(finals.metas) >= len(jobs) and set(finals.finals.values()) == {1}, dict(finals.finals)
     assert all(m["status"] == "SUCCESS" for m in finals.metas.values())
     by_pid: dict[int, list[tuple[str, str, str]]] = defaultdict(list)
     for meta in finals.metas.values():

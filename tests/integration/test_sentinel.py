@@ -26,7 +26,7 @@ import pytest
 from fleet import keys
 from fleet.corpus import CommentCorpus
 from testing import Proc, start_api, start_flower, start_worker, wait_for
-from testing.faults import ExecutionLog, ResultObserver, client_summary
+from testing.faults import ExecutionLog, ResultObserver, client_summary, observing
 from testing.scoring import BackgroundScore, assert_detoxify_scores
 from testing.sentinel import SentinelGroup
 from testing.services import execution_log
@@ -51,13 +51,8 @@ def group(tmp_path: Path) -> Iterator[SentinelGroup]:
 @pytest.fixture
 def observer(group: SentinelGroup) -> Iterator[ResultObserver]:
     """Counts the final results published through the group, subscribed before any load starts."""
-    results = ResultObserver(group.url)
-    results.start()
-    try:
-        assert results.subscribed.wait(10)
+    with observing(group.url) as results:
         yield results
-    finally:
-        results.stopped.set()
 
 
 def finished_jobs(group: SentinelGroup, port: int) -> int:
