@@ -68,16 +68,56 @@ def log(step: str) -> None:
     print(f"int8_avx2: {step}", file=sys.stderr, flush=True)
 
 
-def build_a7(directory: Path, out: Path, tokenizer: Any, settings: WorkerSettings) -> Path:
-    """The export's int8 recipe with 7-bit activations (8-bit weights), written under `out`."""
+def calibration(directory: Path, tokenizer: Any, settings: WorkerSettings) -> dict[str, np.ndarray] | None:
+    """The export recipe's calibration maxima (`rowwise.activation_maxima`), as the export computes them."""
     recipe = DEFAULT_INT8
-    path = out / "int8-a7.onnx"
+    if not recipe.calibrated:
+        return None
     feeds = calibration_feeds(tokenizer, calibration_texts(recipe.calibration_texts), settings.pass_tokens,
                               settings.pass_texts)
-    act_max = rowwise.activation_maxima(directory / FP32_MODEL, feeds) if recipe.calibrated else None
-    rowwise.rowwise_int8(directory / FP32_MODEL, path, act_max, recipe.smooth_alpha, recipe.keep_fp32,
-                         recipe.unsigned_gelu, recipe.outlier_channels, activation_levels=rowwise.INT7_MAX)
+    return rowwise.activation_maxima(directory / FP32_MODEL, feeds)
+
+
+def build_variant(directory: Path, path: Path, act_max: dict[str, np.ndarray] | None, **change: Any) -> Path:
+    """The export's int8 recipe with `change` (`smooth_alpha`, `outlier_channels`, `weight_levels`,
+    `activation_levels`, `pair_bounded`) applied, written to `path`."""
+    recipe = DEFAULT_INT8
+    pair_bounded = change.pop("pair_bounded", False)
+    args: dict[str, Any] = {"alpha": recipe.smooth_alpha, "outliers": recipe.outlier_channels}
+    args.update({"alpha": change.pop("smooth_alpha")} if "smooth_alpha" in change else {})
+    args.update({"outliers": change.pop("outlier_channels")} if "outlier_channels" in change else {})
+    original = rowwise.quantize_columns
+    if pair_bounded:
+        rowwise.quantize_columns = pair_bounded_columns  # type: ignore[assignment]
+    try:
+        rowwise.rowwise_int8(directory / FP32_MODEL, path, act_max, args["alpha"], recipe.keep_fp32,
+                             recipe.unsigned_gelu, args["outliers"], **change)
+    finally:
+        rowwise.quantize_columns = original  # type: ignore[assignment]
     return path
+
+
+PAIR_LIMIT = 128
+"""255 * 128 = 32,640 <= 32,767: a pair of int8 weights whose magnitudes sum to at most this cannot
+saturate `vpmaddubsw` with any uint8 activations."""
+
+
+def pair_bounded_columns(weight: np.ndarray, levels: int = rowwise.INT8_MAX) -> tuple[np.ndarray, np.ndarray]:
+    """EXPERIMENT: int8 per column, scaled so that every pair of adjacent input channels (2j, 2j+1) sums to
+    at most `PAIR_LIMIT` in magnitude: nearly 8-bit resolution where large weights are not neighbours.
+    Safe only while the kernel pairs channels 2j and 2j+1 (MLAS' AVX2 packing, not a documented contract)."""
+    k = weight.shape[0] - weight.shape[0] % 2
+    pairs = np.abs(weight[0:k:2]) + np.abs(weight[1:k:2])
+    peak = np.maximum(np.abs(weight).max(axis=0) / levels, pairs.max(axis=0) / PAIR_LIMIT)
+    scale = np.maximum(peak, 1e-12).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[None, :]), -levels, levels).astype(np.int16)
+    over = (np.abs(q[0:k:2]) + np.abs(q[1:k:2])) > PAIR_LIMIT  # rounding up may add one
+    for half in (0, 1):
+        part = q[half:k:2]
+        bigger = np.abs(part) >= np.abs(q[1 - half:k:2]) if half == 0 else np.abs(part) > np.abs(q[0:k:2])
+        fix = over & bigger
+        part[fix] -= np.sign(part[fix])
+    return q.astype(np.int8), scale
 
 
 def u8u8_session(path: Path) -> str:
@@ -173,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=1024, help="gate corpus size (default: the gate's 1,024)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (default 5)")
     parser.add_argument("--emulate", action="store_true", help="add the numpy vpmaddubsw emulation")
+    parser.add_argument("--tuning", action="store_true",
+                        help="add 7-bit-weight variants with other SmoothQuant/outlier settings, and the "
+                             "pair-bounded 8-bit experiment")
     parser.add_argument("--emulate-texts", type=int, default=32, help="gate texts the emulation runs on")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
@@ -181,12 +224,22 @@ def main(argv: list[str] | None = None) -> int:
     directory = ensure_export(settings)
     manifest = verify_export(directory, export_location(settings)[1])
     fp32 = OnnxBackend(directory, manifest, FP32_MODEL, settings.torch_threads)
-    a7 = build_a7(directory, args.out, fp32._tokenizer, settings)
+    act_max = calibration(directory, fp32._tokenizer, settings)
+    a7 = build_variant(directory, args.out / "int8-a7.onnx", act_max, activation_levels=rowwise.INT7_MAX)
     u8u8 = u8u8_graph(directory / INT8_MODEL, args.out / "int8-u8u8.onnx")
     variants = {"onnx-int8 (8-bit weights)": directory / INT8_MODEL,
                 "onnx-int8 on U8U8 kernels": u8u8,
                 "onnx-int8-w7 (7-bit weights)": directory / INT8_W7_MODEL,
                 "7-bit activations": a7}
+    if args.tuning:
+        w7 = {"weight_levels": rowwise.INT7_MAX}
+        variants.update({
+            "7-bit weights, SmoothQuant a=0.3": build_variant(directory, args.out / "w7-a03.onnx", act_max,
+                                                              smooth_alpha=0.3, **w7),
+            "7-bit weights, 64 outlier channels": build_variant(directory, args.out / "w7-k64.onnx", act_max,
+                                                                outlier_channels=64, **w7),
+            "pair-bounded 8-bit weights (experiment)": build_variant(directory, args.out / "pairs.onnx", act_max,
+                                                                     pair_bounded=True)})
     texts = gate_texts(args.texts)
     log(f"reference torch on {len(texts)} texts")
     reference = load_backend("torch", settings)
@@ -221,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
                                   settings.pass_texts)
         result["emulation"] = {}
         print("\nNUMPY EMULATION of vpmaddubsw (int16 pair saturation), not ONNX Runtime:")
-        for name, path in (("onnx-int8", directory / INT8_MODEL), ("onnx-int8-w7", directory / INT8_W7_MODEL),
-                           ("7-bit activations", a7)):  # the U8U8 graph has no u8 x s8 product to emulate
+        emulated = {"onnx-int8": directory / INT8_MODEL, "onnx-int8-w7": directory / INT8_W7_MODEL,
+                    "7-bit activations": a7}  # the U8U8 graph has no u8 x s8 product to emulate
+        if args.tuning:
+            emulated["pair-bounded 8-bit weights (experiment)"] = args.out / "pairs.onnx"
+        for name, path in emulated.items():
             log(f"emulating {name}")
             stats = emulate_saturation(path, feeds)
             result["emulation"][name] = stats
