@@ -8,8 +8,8 @@ SmoothQuant, outlier channels kept):
 - `onnx-int8-w7`: 7-bit weights (the export's second int8 graph), the same fast kernel;
 - U8U8 kernels: ONNX Runtime's `session.x64quantprecision=1` rewrites int8 weights to uint8 for its
   slower U8U8 kernels, but fails to load the export's per-row graph (onnxruntime 1.32: "Attempt to
-  replace the existing tensor"; the tool reports what it says), so the tool stores the same weights as
-  uint8 (+128, zero point 128) itself: exact, so its error is `onnx-int8`'s;
+  replace the existing tensor"; the tool reports what it says), so the export stores the same weights
+  as uint8 itself (`onnx-int8-u8`): exact, so its error is `onnx-int8`'s;
 - 7-bit activations: rows quantized to [-63, 63] (GELU rows to 0..127), 8-bit weights.
 
 For each: the gate's row against the torch reference (`worker.gate.fidelity.measure`, the gate corpus),
@@ -49,6 +49,7 @@ from worker.exports.artifacts import (
     DEFAULT_INT8,
     FP32_MODEL,
     INT8_MODEL,
+    INT8_U8_MODEL,
     INT8_W7_MODEL,
     export_location,
     verify_export,
@@ -135,32 +136,6 @@ def u8u8_session(path: Path) -> str:
     return "loads"
 
 
-def u8u8_graph(src: Path, dst: Path) -> Path:
-    """`src` with every MatMulInteger's constant int8 weight stored as uint8 (+128) with zero point 128:
-    the same integer products, on ONNX Runtime's U8U8 kernels (no int16 pair sums, so no saturation)."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(src))
-    inits = {i.name: i for i in model.graph.initializer}
-    zero_point = numpy_helper.from_array(np.array(128, np.uint8), "u8u8_weight_zp")
-    done: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type != "MatMulInteger" or node.input[1] not in inits:
-            continue
-        weight = inits[node.input[1]]
-        if weight.name not in done and weight.data_type == onnx.TensorProto.INT8:
-            shifted = (numpy_helper.to_array(weight).astype(np.int16) + 128).astype(np.uint8)
-            weight.CopyFrom(numpy_helper.from_array(shifted, weight.name))
-            done.add(weight.name)
-        while len(node.input) < 4:
-            node.input.append("")
-        node.input[3] = zero_point.name
-    model.graph.initializer.append(zero_point)
-    onnx.save(model, str(dst))
-    return dst
-
-
 def emulate_saturation(path: Path, feeds: list[dict[str, np.ndarray]], chunk: int = 64) -> dict[str, Any]:
     """NUMPY EMULATION of `vpmaddubsw` on graph `path`'s MatMulInteger products over `feeds`: pairs of
     adjacent input channels summed in saturating int16, against the exact int32 sums."""
@@ -226,9 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     fp32 = OnnxBackend(directory, manifest, FP32_MODEL, settings.torch_threads)
     act_max = calibration(directory, fp32._tokenizer, settings)
     a7 = build_variant(directory, args.out / "int8-a7.onnx", act_max, activation_levels=rowwise.INT7_MAX)
-    u8u8 = u8u8_graph(directory / INT8_MODEL, args.out / "int8-u8u8.onnx")
     variants = {"onnx-int8 (8-bit weights)": directory / INT8_MODEL,
-                "onnx-int8 on U8U8 kernels": u8u8,
+                "onnx-int8-u8 (U8U8 kernels)": directory / INT8_U8_MODEL,
                 "onnx-int8-w7 (7-bit weights)": directory / INT8_W7_MODEL,
                 "7-bit activations": a7}
     if args.tuning:

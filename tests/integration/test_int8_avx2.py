@@ -23,6 +23,7 @@ from worker.exports import build
 from worker.exports.artifacts import (
     DEFAULT_INT8,
     INT8_MODEL,
+    INT8_U8_MODEL,
     INT8_W7_MODEL,
     export_location,
     int8_records,
@@ -54,7 +55,7 @@ def test_export_builds_a_seven_bit_weight_graph_beside_the_int8_one(exported: Wo
     MatMuls with weights in [-63, 63] (the 8-bit graph's reach +-127)."""
     directory, sha = export_location(exported)
     manifest = verify_export(directory, sha)
-    assert {INT8_MODEL, INT8_W7_MODEL} <= set(manifest.files)
+    assert {INT8_MODEL, INT8_W7_MODEL, INT8_U8_MODEL} <= set(manifest.files)
     eight, seven = _matmul_integer_weights(directory / INT8_MODEL), _matmul_integer_weights(directory / INT8_W7_MODEL)
     assert len(seven) == len(eight) > 0
     assert max(int(np.abs(w).max()) for w in eight) == 127
@@ -111,13 +112,31 @@ def trained_checkpoint() -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_w7_passes_the_gate_on_the_trained_checkpoint(tmp_path: Path) -> None:
-    """On trained weights, the full gate corpus: `onnx-int8-w7` is within the reduced budget, so `auto`
-    may pick it on a CPU without int8 dot products."""
+def test_int8_graphs_gate_rows_on_the_trained_checkpoint(tmp_path: Path) -> None:
+    """On trained weights and the full gate corpus: `onnx-int8-u8` scores exactly as `onnx-int8` (so it
+    passes wherever that does), and `onnx-int8-w7` stays within the max and p99 budgets (7-bit weights
+    cost resolution: measured p99 1.7x `onnx-int8`'s, docs/int8-recipes.md); flips decide per checkpoint."""
     ckpt, hf = trained_checkpoint()
     settings = WorkerSettings(checkpoint=ckpt, hf_config=hf, export_dir=tmp_path)
     build.ensure_export(settings)
-    rows = run_gate(settings, ["onnx-int8-w7"])
-    row = rows[1]
-    assert row.backend == "onnx-int8-w7" and row.error is None, row
-    assert row.passed, (row.max_abs, row.p99_abs, row.flips, row.min_spearman, REDUCED_BUDGET)
+    rows = {row.backend: row for row in run_gate(settings, ["onnx-int8", "onnx-int8-u8", "onnx-int8-w7"])}
+    eight, u8, w7 = rows["onnx-int8"], rows["onnx-int8-u8"], rows["onnx-int8-w7"]
+    assert all(row.error is None for row in (eight, u8, w7))
+    assert (u8.max_abs, u8.p99_abs, u8.flips, u8.passed) == (eight.max_abs, eight.p99_abs, eight.flips, eight.passed)
+    assert w7.max_abs <= REDUCED_BUDGET.max_abs and w7.p99_abs <= REDUCED_BUDGET.p99_abs, w7
+
+
+def test_u8_backend_computes_exactly_what_onnx_int8_computes(exported: WorkerSettings) -> None:
+    """`onnx-int8-u8` stores `onnx-int8`'s weights as uint8 (zero point 128): the same integer products
+    on ONNX Runtime's U8U8 kernels, so the same scores, while its graph holds no int8 weight."""
+    directory, _ = export_location(exported)
+    model = onnx.load(str(directory / INT8_U8_MODEL))
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    kinds = {inits[n.input[1]] for n in model.graph.node if n.op_type == "MatMulInteger"}
+    assert kinds == {onnx.TensorProto.UINT8}
+    u8, eight = load_backend("onnx-int8-u8", exported), load_backend("onnx-int8", exported)
+    assert (u8.name, u8.precision) == ("onnx-int8-u8", REDUCED)
+    texts = gate_texts(24)
+    got = np.array(u8.predict(u8.tokenize(texts)))
+    expected = np.array(eight.predict(eight.tokenize(texts)))
+    assert np.abs(got - expected).max() < 1e-6

@@ -24,6 +24,7 @@ from worker.backends.base import FP32, REDUCED, Backend, pad_batch
 from worker.exports.artifacts import (
     FP32_MODEL,
     INT8_MODEL,
+    INT8_U8_MODEL,
     INT8_W7_MODEL,
     TOKENIZER_DIR,
     Manifest,
@@ -117,3 +118,8 @@ def load_onnx_int8(settings: WorkerSettings) -> OnnxBackend:
 def load_onnx_int8_w7(settings: WorkerSettings) -> OnnxBackend:
     """The export's int8 graph with 7-bit weights (the registry's loader of `onnx-int8-w7`)."""
     return load_onnx_backend(settings, INT8_W7_MODEL)
+
+
+def load_onnx_int8_u8(settings: WorkerSettings) -> OnnxBackend:
+    """The export's int8 graph with uint8 weights, on U8U8 kernels (the registry's loader of `onnx-int8-u8`)."""
+    return load_onnx_backend(settings, INT8_U8_MODEL)

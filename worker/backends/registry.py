@@ -107,6 +107,10 @@ BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec("onnx-int8-w7", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8_w7",
                 "`onnx-int8` with 7-bit weights, so that its products cannot saturate where the CPU sums them "
                 "in int16", gated_on=no_int8_dot_products, gated_where="CPUs without int8 dot products"),
+    BackendSpec("onnx-int8-u8", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8_u8",
+                "`onnx-int8`'s integers with its weights stored as uint8, on ONNX Runtime's slower U8U8 kernels "
+                "(exact where the CPU sums int8 products in int16)", gated_on=no_int8_dot_products,
+                gated_where="CPUs without int8 dot products"),
 )
 """Every backend, the reference first; the gate tries the candidates in this order."""
 

@@ -14,6 +14,8 @@ Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
                                                  per-row MatMulInteger + SmoothQuant, `worker.exports.rowwise`)
                                model-int8-w7.onnx  the same recipe with 7-bit weights (`seven_bit_weights`),
                                                  for CPUs without int8 dot products
+                               model-int8-u8.onnx  model-int8.onnx's weights stored as uint8, for ONNX
+                                                 Runtime's U8U8 kernels (`rowwise.unsigned_weights`)
                                tokenizer/        Detoxify's tokenizer, saved, so no hub and no torch at run time
                                decision.json     the fidelity gate's table and the backend `auto` picks
 """
@@ -33,12 +35,14 @@ from worker.settings import WorkerSettings
 from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
 EXPORT_FORMAT = 2
-"""Version of this layout and recipe; an export of another format is stale. 2: adds `INT8_W7_MODEL`."""
+"""Version of this layout and recipe; an export of another format is stale. 2: adds `INT8_W7_MODEL` and
+`INT8_U8_MODEL`."""
 
 MANIFEST_FILE = "manifest.json"
 FP32_MODEL = "model.onnx"
 INT8_MODEL = "model-int8.onnx"
 INT8_W7_MODEL = "model-int8-w7.onnx"
+INT8_U8_MODEL = "model-int8-u8.onnx"
 TOKENIZER_DIR = "tokenizer"
 DECISION_FILE = "decision.json"
 
@@ -118,7 +122,8 @@ def seven_bit_weights(recipe: Int8Recipe) -> Int8Recipe:
 def int8_records(recipe: Int8Recipe = DEFAULT_INT8) -> dict[str, dict[str, Any]]:
     """The recipe of each int8 graph an export built by `recipe` holds, by file: what a fidelity
     decision records, since it gated both."""
-    return {INT8_MODEL: recipe.record(), INT8_W7_MODEL: seven_bit_weights(recipe).record()}
+    return {INT8_MODEL: recipe.record(), INT8_W7_MODEL: seven_bit_weights(recipe).record(),
+            INT8_U8_MODEL: recipe.record()}
 
 PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False, outlier_channels=0)
 """ONNX Runtime's dynamic quantization, the export's former int8 recipe (benchmarks only)."""

@@ -30,6 +30,7 @@ from worker.exports.artifacts import (
     EXPORT_FORMAT,
     FP32_MODEL,
     INT8_MODEL,
+    INT8_U8_MODEL,
     INT8_W7_MODEL,
     MANIFEST_FILE,
     PER_ROW,
@@ -157,17 +158,19 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
 
 
 def quantize_int8_graphs(src: Path, work: Path, recipe: Int8Recipe, feeds: list[dict[str, Any]] | None) -> None:
-    """Both int8 graphs of an export into `work`: `INT8_MODEL` by `recipe`, and `INT8_W7_MODEL` by its
-    7-bit-weight twin (`seven_bit_weights`), which CPUs without int8 dot products run; one calibration."""
+    """The int8 graphs of an export into `work`: `INT8_MODEL` by `recipe`; for CPUs without int8 dot
+    products, `INT8_W7_MODEL` by its 7-bit-weight twin (`seven_bit_weights`) and `INT8_U8_MODEL`, the
+    first with uint8 weights (`rowwise.unsigned_weights`); one calibration."""
+    from worker.exports import rowwise
+
     act_max = None
     if recipe.activations == PER_ROW and recipe.calibrated:
-        from worker.exports import rowwise
-
         if not feeds:
             raise ValueError("a calibrated int8 recipe (SmoothQuant, outlier channels) needs calibration feeds")
         act_max = rowwise.activation_maxima(src, feeds)
     quantize_int8(src, work / INT8_MODEL, recipe, feeds, act_max)
     quantize_int8(src, work / INT8_W7_MODEL, seven_bit_weights(recipe), feeds, act_max)
+    rowwise.unsigned_weights(work / INT8_MODEL, work / INT8_U8_MODEL)
 
 
 def check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) -> float:

@@ -323,3 +323,31 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     onnx.save(model, str(dst))
     return {"matmuls": len(nodes), "weights": len(quantized_weights), "row_quantizations": len(row_quant),
             "smoothed_groups": smoothed, "outlier_gathers": len(gathers)}
+
+
+def unsigned_weights(src: Path, dst: Path) -> int:
+    """Write `dst`: `src` with every MatMulInteger's constant int8 weight stored as uint8 (+128, zero point
+    128). The integer products are the same, but ONNX Runtime runs them on its U8U8 kernels, which widen
+    to 16 bits before multiplying, so nothing saturates where the CPU lacks int8 dot products. Returns
+    the weights converted."""
+    import onnx  # heavy optional dependency: only the export needs it
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    zero_point = numpy_helper.from_array(np.array(ZERO_POINT, np.uint8), "rowwise_weight_zp_u8")
+    done: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type != "MatMulInteger" or node.input[1] not in inits:
+            continue
+        weight = inits[node.input[1]]
+        if weight.name not in done and weight.data_type == onnx.TensorProto.INT8:
+            shifted = (numpy_helper.to_array(weight).astype(np.int16) + ZERO_POINT).astype(np.uint8)
+            weight.CopyFrom(numpy_helper.from_array(shifted, weight.name))
+            done.add(weight.name)
+        while len(node.input) < 4:
+            node.input.append("")
+        node.input[3] = zero_point.name
+    model.graph.initializer.append(zero_point)
+    onnx.save(model, str(dst))
+    return len(done)
