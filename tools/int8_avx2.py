@@ -7,9 +7,10 @@ SmoothQuant, outlier channels kept):
 
 - `onnx-int8-w7`: 7-bit weights (the export's second int8 graph), the same fast kernel;
 - U8U8 kernels: ONNX Runtime's `session.x64quantprecision=1` rewrites int8 weights to uint8 for its
-  slower U8U8 kernels, but fails to load the export's per-row graph (onnxruntime 1.32: "Attempt to
-  replace the existing tensor"; the tool reports what it says), so the export stores the same weights
-  as uint8 itself (`onnx-int8-u8`): exact, so its error is `onnx-int8`'s;
+  slower U8U8 kernels, but fails to load ALBERT's per-row graph, whose layers share weights (onnxruntime
+  1.32: "Attempt to replace the existing tensor"; the tool reports what it says on this checkpoint), so
+  the export stores the same weights as uint8 itself (`onnx-int8-u8`): exact, so its error is
+  `onnx-int8`'s;
 - 7-bit activations: rows quantized to [-63, 63] (GELU rows to 0..127), 8-bit weights.
 
 For each: the gate's row against the torch reference (`worker.gate.fidelity.measure`, the gate corpus),
