@@ -13,7 +13,7 @@ The fidelity gate (`worker.gate.fidelity`) holds it to the torch reference on pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ from worker.backends.base import FP32, REDUCED, Backend, pad_batch
 from worker.exports.artifacts import (
     FP32_MODEL,
     INT8_MODEL,
+    INT8_U8_MODEL,
+    INT8_W7_MODEL,
     TOKENIZER_DIR,
     Manifest,
     export_location,
@@ -42,16 +44,17 @@ class OnnxBackend(Backend):
     """An ONNX Runtime session on one exported graph, with the export's saved tokenizer."""
 
     def __init__(self, directory: Path, manifest: Manifest, model_file: str | Path, threads: int,
-                 name: str | None = None, precision: str | None = None) -> None:
-        """`model_file` is relative to the export `directory` (or absolute, for benchmark variants)."""
+                 name: str | None = None, precision: str | None = None,
+                 config: Mapping[str, str] | None = None) -> None:
+        """`model_file` is relative to the export `directory` (or absolute, for benchmark variants);
+        `config`: ONNX Runtime session config entries (measurement tools compare kernels with them)."""
         # Heavy runtimes, imported when a session is built (never by the main process, which only resolves).
         import onnxruntime as ort
         import transformers
 
         # The loader stamps the registry's name and precision; these defaults serve direct construction.
-        int8 = str(model_file) == INT8_MODEL
         self.name = name or str(model_file)
-        self.precision = precision or (REDUCED if int8 else FP32)
+        self.precision = precision or (FP32 if str(model_file) == FP32_MODEL else REDUCED)
         self.labels = list(manifest.labels)
         self.identity = manifest.identity
         self.threads = threads
@@ -61,6 +64,8 @@ class OnnxBackend(Backend):
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         # All levels: layout transforms and MatMulInteger+scale fusions for this CPU, applied at load.
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        for key, value in (config or {}).items():
+            options.add_session_config_entry(key, value)
         self._session = ort.InferenceSession(str(directory / model_file), options, providers=["CPUExecutionProvider"])
         tokenizer_class = getattr(transformers, manifest.tokenizer_class)
         self._tokenizer: Any = tokenizer_class.from_pretrained(str(directory / TOKENIZER_DIR))
@@ -88,24 +93,33 @@ class OnnxBackend(Backend):
         return {**super().describe(), "threads": self.threads}
 
 
-def load_onnx_backend(settings: WorkerSettings, int8: bool) -> OnnxBackend:
-    """The fp32 or int8 ONNX backend from this checkpoint's verified export (ExportError if unusable)."""
-    model_file = INT8_MODEL if int8 else FP32_MODEL
+def load_onnx_backend(settings: WorkerSettings, model_file: str) -> OnnxBackend:
+    """The ONNX backend on graph `model_file` of this checkpoint's verified export (ExportError if unusable)."""
     directory, sha = export_location(settings)
     manifest = verify_export(directory, sha, files=[])
-    # Hash only what this backend reads: the other model file may be large and is not our concern.
+    # Hash only what this backend reads: the other model files may be large and are not our concern.
     needed = [model_file] + [name for name in manifest.files if name.startswith(TOKENIZER_DIR + "/")]
     verify_export(directory, sha, files=needed)
-    if int8:
+    if model_file != FP32_MODEL:
         verify_int8_recipe(directory, manifest)
     return OnnxBackend(directory, manifest, model_file, settings.torch_threads)
 
 
 def load_onnx_fp32(settings: WorkerSettings) -> OnnxBackend:
     """The export's fp32 graph (the registry's loader of `onnx`)."""
-    return load_onnx_backend(settings, int8=False)
+    return load_onnx_backend(settings, FP32_MODEL)
 
 
 def load_onnx_int8(settings: WorkerSettings) -> OnnxBackend:
     """The export's int8 graph (the registry's loader of `onnx-int8`)."""
-    return load_onnx_backend(settings, int8=True)
+    return load_onnx_backend(settings, INT8_MODEL)
+
+
+def load_onnx_int8_w7(settings: WorkerSettings) -> OnnxBackend:
+    """The export's int8 graph with 7-bit weights (the registry's loader of `onnx-int8-w7`)."""
+    return load_onnx_backend(settings, INT8_W7_MODEL)
+
+
+def load_onnx_int8_u8(settings: WorkerSettings) -> OnnxBackend:
+    """The export's int8 graph with uint8 weights, on U8U8 kernels (the registry's loader of `onnx-int8-u8`)."""
+    return load_onnx_backend(settings, INT8_U8_MODEL)

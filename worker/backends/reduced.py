@@ -15,18 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.backends.torch import TorchBackend
-from worker.cpus import cpu_flags
+from worker.cpus import INT8_DOT_FLAGS, cpu_flags
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 """CPU flags that give bf16 matrix units (AMX) or instructions; without one, bf16 is emulated and far
 slower than fp32 (docs/history.md has the figures)."""
-
-INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
-"""CPU flags that give int8 matrix units (AMX) or dot-product instructions (VNNI). Without one,
-`torch._int_mm` falls back to kernels far slower than fp32, and ONNX Runtime's uint8 x int8
-`MatMulInteger` sums pairs of products in saturating int16 (`vpmaddubsw`), exact only for activations
-up to 127 (docs/history.md has the figures)."""
-
 
 def _needs_one_of(flags: tuple[str, ...], otherwise: str) -> str | None:
     """The refusal for a CPU with none of `flags` (read once from /proc/cpuinfo), or None."""

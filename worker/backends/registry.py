@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.backends.base import FP32, REDUCED
+from worker.cpus import ARM_INT8_DOT_FLAGS, INT8_DOT_FLAGS, cpu_flags
 
 AUTO = "auto"
 """The setting that lets the gate's decision pick (`worker.gate.selection`); not a backend itself."""
@@ -52,6 +53,22 @@ class BackendSpec:
     the loader refuses it there and the gate records the reason as a failed row. None: runs anywhere."""
     candidate: bool = True
     """Whether the gate tries it by default (the reference is always measured, as the reference)."""
+    gated_on: Callable[[set[str]], bool] | None = None
+    """For a candidate: on which CPUs (by their flags, `worker.cpus.cpu_flags`) the gate tries it; None:
+    on every CPU. It still loads anywhere when named."""
+    gated_where: str = ""
+    """`gated_on` in words (the README's table)."""
+
+
+def int8_dot_products(flags: set[str]) -> bool:
+    """Whether a CPU with these flags has int8 dot products (x86 VNNI or AMX, ARM64 `sdot` or `smmla`):
+    there ONNX Runtime's u8 x s8 products sum in 32 bits; without them, on x86, pairs of products sum
+    in saturating int16 (`vpmaddubsw`)."""
+    return not flags.isdisjoint(INT8_DOT_FLAGS + ARM_INT8_DOT_FLAGS)
+
+
+def no_int8_dot_products(flags: set[str]) -> bool:
+    return not int8_dot_products(flags)
 
 
 def _resolve(reference: str) -> Any:
@@ -84,7 +101,16 @@ BACKENDS: tuple[BackendSpec, ...] = (
                 "the fp32 graph exported ahead of time, constant-folded and fused, on ONNX Runtime"),
     BackendSpec("onnx-int8", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8",
                 "int8 of that graph by the export's recipe: per-row activations, SmoothQuant, outlier "
-                "channels in fp32"),
+                "channels in fp32", gated_on=int8_dot_products,
+                gated_where="CPUs with int8 dot products (`avx512_vnni`, `avx_vnni`, `amx_int8`; ARM64 `asimddp`, "
+                            "`i8mm`)"),
+    BackendSpec("onnx-int8-w7", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8_w7",
+                "`onnx-int8` with 7-bit weights, so that its products cannot saturate where the CPU sums them "
+                "in int16", gated_on=no_int8_dot_products, gated_where="CPUs without int8 dot products"),
+    BackendSpec("onnx-int8-u8", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8_u8",
+                "`onnx-int8`'s integers with its weights stored as uint8, on ONNX Runtime's slower U8U8 kernels "
+                "(exact where the CPU sums int8 products in int16)", gated_on=no_int8_dot_products,
+                gated_where="CPUs without int8 dot products"),
 )
 """Every backend, the reference first; the gate tries the candidates in this order."""
 
@@ -131,8 +157,15 @@ def loader(name: str) -> Callable[..., Any] | type:
     return built
 
 
-def candidates() -> tuple[str, ...]:
-    """The backends the gate tries by default, in table order."""
+def candidates(flags: set[str] | None = None) -> tuple[str, ...]:
+    """The backends the gate tries by default on a CPU with these flags (default: this one's), in table
+    order."""
+    have = cpu_flags() if flags is None else flags
+    return tuple(s.name for s in BACKENDS if s.candidate and (s.gated_on is None or s.gated_on(have)))
+
+
+def all_candidates() -> tuple[str, ...]:
+    """Every backend the gate may be asked to try, whatever the CPU."""
     return tuple(s.name for s in BACKENDS if s.candidate)
 
 
@@ -141,7 +174,7 @@ def markdown_table() -> str:
     lines = ["| backend | precision | runtime | what runs | the CPU needs | gated by `auto` |",
              "|---|---|---|---|---|---|"]
     for s in BACKENDS:
-        gated = "reference" if s.name == REFERENCE else ("yes" if s.candidate else "no")
+        gated = "reference" if s.name == REFERENCE else ((s.gated_where or "yes") if s.candidate else "no")
         runtime = "torch" if s.runtime == TORCH else "onnxruntime (no torch)"
         lines.append(f"| `{s.name}` | {s.precision} | {runtime} | {s.description} | {s.needs or '-'} | {gated} |")
     lines.append(f"| `{AUTO}` | | | the fastest backend that passed the fidelity gate for this checkpoint on this "

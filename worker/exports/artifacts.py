@@ -12,6 +12,10 @@ Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
                                model.onnx        fp32, constant-folded, transformer ops fused
                                model-int8.onnx   int8 of model.onnx by the recorded `Int8Recipe` (default:
                                                  per-row MatMulInteger + SmoothQuant, `worker.exports.rowwise`)
+                               model-int8-w7.onnx  the same recipe with 7-bit weights (`seven_bit_weights`),
+                                                 for CPUs without int8 dot products
+                               model-int8-u8.onnx  model-int8.onnx's weights stored as uint8, for ONNX
+                                                 Runtime's U8U8 kernels (`rowwise.unsigned_weights`)
                                tokenizer/        Detoxify's tokenizer, saved, so no hub and no torch at run time
                                decision.json     the fidelity gate's table and the backend `auto` picks
 """
@@ -22,7 +26,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,12 +34,15 @@ from typing import Any
 from worker.settings import WorkerSettings
 from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
-EXPORT_FORMAT = 1
-"""Version of this layout and recipe; an export of another format is stale."""
+EXPORT_FORMAT = 2
+"""Version of this layout and recipe; an export of another format is stale. 2: adds `INT8_W7_MODEL` and
+`INT8_U8_MODEL`."""
 
 MANIFEST_FILE = "manifest.json"
 FP32_MODEL = "model.onnx"
 INT8_MODEL = "model-int8.onnx"
+INT8_W7_MODEL = "model-int8-w7.onnx"
+INT8_U8_MODEL = "model-int8-u8.onnx"
 TOKENIZER_DIR = "tokenizer"
 DECISION_FILE = "decision.json"
 
@@ -89,7 +96,9 @@ class Int8Recipe:
     op_types: tuple[str, ...] = ("MatMul",)
     """Operators quantized; the embedding Gather stays fp32 (it costs a lookup, not compute)."""
     reduce_range: bool = False
-    """7-bit weights (per-tensor only): only needed on CPUs without VNNI, where u8 x s8 products can saturate."""
+    """7-bit weights: on x86 CPUs without int8 dot products (VNNI, AMX) ONNX Runtime's u8 x s8 products
+    sum in saturating int16 pairs, and 7-bit weights keep every pair in range (`rowwise.INT7_MAX`). The
+    export builds its second int8 graph this way (`seven_bit_weights`)."""
 
     @property
     def calibrated(self) -> bool:
@@ -103,6 +112,18 @@ class Int8Recipe:
 
 
 DEFAULT_INT8 = Int8Recipe()
+
+
+def seven_bit_weights(recipe: Int8Recipe) -> Int8Recipe:
+    """`recipe` with 7-bit weights: how the export's `INT8_W7_MODEL` is built from its recorded recipe."""
+    return replace(recipe, reduce_range=True)
+
+
+def int8_records(recipe: Int8Recipe = DEFAULT_INT8) -> dict[str, dict[str, Any]]:
+    """The recipe of each int8 graph an export built by `recipe` holds, by file: what a fidelity
+    decision records, since it gated both."""
+    return {INT8_MODEL: recipe.record(), INT8_W7_MODEL: seven_bit_weights(recipe).record(),
+            INT8_U8_MODEL: recipe.record()}
 
 PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False, outlier_channels=0)
 """ONNX Runtime's dynamic quantization, the export's former int8 recipe (benchmarks only)."""

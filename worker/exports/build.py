@@ -30,6 +30,8 @@ from worker.exports.artifacts import (
     EXPORT_FORMAT,
     FP32_MODEL,
     INT8_MODEL,
+    INT8_U8_MODEL,
+    INT8_W7_MODEL,
     MANIFEST_FILE,
     PER_ROW,
     PER_TENSOR,
@@ -42,6 +44,7 @@ from worker.exports.artifacts import (
     export_location,
     export_root,
     installed_version,
+    seven_bit_weights,
     sha256_file,
     verify_export,
 )
@@ -123,19 +126,20 @@ def calibration_feeds(tokenizer: Any, texts: list[str], pass_tokens: int = 1024,
 
 
 def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
-                  feeds: list[dict[str, Any]] | None = None) -> dict[str, int]:
-    """Write the int8 graph of `src` by `recipe`; `feeds` (`calibration_feeds`) when it is calibrated.
-    Returns what the per-row rewrite counted (empty for the per-tensor quantizer)."""
+                  feeds: list[dict[str, Any]] | None = None, act_max: dict[str, Any] | None = None) -> dict[str, int]:
+    """Write the int8 graph of `src` by `recipe`; `feeds` (`calibration_feeds`) when it is calibrated, or
+    the maxima they give (`rowwise.activation_maxima`), when already computed. Returns what the per-row
+    rewrite counted (empty for the per-tensor quantizer)."""
     if recipe.activations == PER_ROW:
         from worker.exports import rowwise
 
-        act_max = None
-        if recipe.calibrated:
+        if recipe.calibrated and act_max is None:
             if not feeds:
                 raise ValueError("a calibrated int8 recipe (SmoothQuant, outlier channels) needs calibration feeds")
             act_max = rowwise.activation_maxima(src, feeds)
-        return rowwise.rowwise_int8(src, dst, act_max, recipe.smooth_alpha, recipe.keep_fp32, recipe.unsigned_gelu,
-                                    recipe.outlier_channels)
+        return rowwise.rowwise_int8(src, dst, act_max if recipe.calibrated else None, recipe.smooth_alpha,
+                                    recipe.keep_fp32, recipe.unsigned_gelu, recipe.outlier_channels,
+                                    weight_levels=rowwise.INT7_MAX if recipe.reduce_range else rowwise.INT8_MAX)
     if recipe.activations != PER_TENSOR:
         raise ValueError(f"unknown int8 activations {recipe.activations!r}")
     from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy optional dependency (export only)
@@ -151,6 +155,22 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
     finally:
         root.setLevel(level)
     return {}
+
+
+def quantize_int8_graphs(src: Path, work: Path, recipe: Int8Recipe, feeds: list[dict[str, Any]] | None) -> None:
+    """The int8 graphs of an export into `work`: `INT8_MODEL` by `recipe`; for CPUs without int8 dot
+    products, `INT8_W7_MODEL` by its 7-bit-weight twin (`seven_bit_weights`) and `INT8_U8_MODEL`, the
+    first with uint8 weights (`rowwise.unsigned_weights`); one calibration."""
+    from worker.exports import rowwise
+
+    act_max = None
+    if recipe.activations == PER_ROW and recipe.calibrated:
+        if not feeds:
+            raise ValueError("a calibrated int8 recipe (SmoothQuant, outlier channels) needs calibration feeds")
+        act_max = rowwise.activation_maxima(src, feeds)
+    quantize_int8(src, work / INT8_MODEL, recipe, feeds, act_max)
+    quantize_int8(src, work / INT8_W7_MODEL, seven_bit_weights(recipe), feeds, act_max)
+    rowwise.unsigned_weights(work / INT8_MODEL, work / INT8_U8_MODEL)
 
 
 def check_against_torch(model: Any, path: Path, vocab_size: int, pad_id: int) -> float:
@@ -208,7 +228,7 @@ def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
         if recipe.calibrated:
             feeds = calibration_feeds(tokenizer, calibration_texts(recipe.calibration_texts),
                                       settings.pass_tokens, settings.pass_texts)
-        quantize_int8(work / FP32_MODEL, work / INT8_MODEL, recipe, feeds)
+        quantize_int8_graphs(work / FP32_MODEL, work, recipe, feeds)
         for scratch in (raw, folded):
             scratch.unlink()
         tokenizer.save_pretrained(work / TOKENIZER_DIR)

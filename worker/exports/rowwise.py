@@ -37,6 +37,12 @@ INT8_MAX = 127
 
 ZERO_POINT = 128
 
+INT7_MAX = 63
+"""Symmetric 7-bit range [-63, 63]. Without int8 dot products (VNNI, AMX), ONNX Runtime's x86 kernels
+multiply uint8 activations by int8 weights with `vpmaddubsw`, which sums each pair of products in
+saturating int16: 255 * 127 * 2 overflows 32,767, while 255 * 63 * 2 and 127 * 127 * 2 do not. So either
+weights or activations in 7 bits make the product exact there (docs/int8-recipes.md)."""
+
 OUTLIER_SHARE = 8
 """At most 1/OUTLIER_SHARE of a MatMul's input channels are kept fp32 as outliers, so a narrow model
 keeps most of its product in int8."""
@@ -152,16 +158,17 @@ def smooth_factors(act_max: np.ndarray, weights: Sequence[np.ndarray], alpha: fl
     return out
 
 
-def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per output column of a [K, N] weight: (int8 [K, N], float32 scale [N])."""
-    scale = np.maximum(np.abs(weight).max(axis=0) / INT8_MAX, 1e-12).astype(np.float32)
-    q = np.clip(np.rint(weight / scale[None, :]), -INT8_MAX, INT8_MAX).astype(np.int8)
+def quantize_columns(weight: np.ndarray, levels: int = INT8_MAX) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output column of a [K, N] weight, in [-levels, levels] (`INT8_MAX`, or
+    `INT7_MAX` for 7-bit weights): (int8 [K, N], float32 scale [N])."""
+    scale = np.maximum(np.abs(weight).max(axis=0) / levels, 1e-12).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[None, :]), -levels, levels).astype(np.int8)
     return q, scale
 
 
 def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = None,
                  alpha: float | None = None, keep_fp32: Sequence[str] = (), unsigned_gelu: bool = False,
-                 outliers: int = 0) -> dict[str, int]:
+                 outliers: int = 0, weight_levels: int = INT8_MAX, activation_levels: int = INT8_MAX) -> dict[str, int]:
     """Write `dst`: `src` with every Linear MatMul in per-row int8 (SmoothQuant with `alpha` when
     `act_max`, from `activation_maxima`, is given), except those whose role (`matmul_roles`) is in
     `keep_fp32`. With `unsigned_gelu`, a MatMul reading a Gelu (the FFN output) quantizes x + 0.1701
@@ -169,8 +176,10 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     subtracts the shift's product, a constant per column. With `outliers` (and `act_max`), the
     `outliers` input channels of each group with the largest calibrated max |x_j| leave the int8 product
     (LLM.int8()'s decomposition, with the channels fixed at export): they are gathered and multiplied by
-    their fp32 weight rows, so they no longer set every row's scale. Returns counts of what was
-    rewritten."""
+    their fp32 weight rows, so they no longer set every row's scale. `weight_levels` and
+    `activation_levels` (`INT8_MAX`, or `INT7_MAX`: 7 bits) bound the symmetric integer ranges; with 7-bit
+    activations a row is stored as uint8 1..127 around 64 (a GELU row as 0..127). Returns counts of what
+    was rewritten."""
     import onnx  # heavy optional dependency: only the export needs it
     from onnx import TensorProto, helper, numpy_helper
 
@@ -195,11 +204,13 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
             consts[name] = name
         return name
 
+    if activation_levels not in (INT8_MAX, INT7_MAX) or weight_levels not in (INT8_MAX, INT7_MAX):
+        raise ValueError(f"levels are {INT8_MAX} (8 bits) or {INT7_MAX} (7 bits)")
     one = const("rowwise_one", np.array(1.0, np.float32))
-    zp = const("rowwise_zp", np.array(ZERO_POINT, np.uint8))
-    inv127 = const("rowwise_inv127", np.array(1.0 / INT8_MAX, np.float32))
+    zp = const("rowwise_zp", np.array(activation_levels + 1, np.uint8))
+    inv127 = const("rowwise_inv127", np.array(1.0 / activation_levels, np.float32))
     tiny = const("rowwise_tiny", np.array(1e-12, np.float32))
-    inv255 = const("rowwise_inv255", np.array(1.0 / 255, np.float32))
+    inv255 = const("rowwise_inv255", np.array(1.0 / (2 * activation_levels + 1), np.float32))
     zero = const("rowwise_zero", np.array(0, np.uint8))
     last_axis = const("rowwise_last_axis", np.array([-1], np.int64))
     replaced: dict[str, list[Any]] = {}  # MatMul output -> the nodes replacing it
@@ -269,7 +280,7 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                     weight = weight * smooth[:, None]
                 if split is not None:
                     weight[split, :] = 0.0
-                wq, ws = quantize_columns(weight)
+                wq, ws = quantize_columns(weight, weight_levels)
                 quantized_weights[w] = (const(f"{w}_rowwise_q", wq), const(f"{w}_rowwise_scale", ws))
             wq_name, ws_name = quantized_weights[w]
             n = f"{node.name or node.output[0]}_rowwise"
@@ -312,3 +323,31 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     onnx.save(model, str(dst))
     return {"matmuls": len(nodes), "weights": len(quantized_weights), "row_quantizations": len(row_quant),
             "smoothed_groups": smoothed, "outlier_gathers": len(gathers)}
+
+
+def unsigned_weights(src: Path, dst: Path) -> int:
+    """Write `dst`: `src` with every MatMulInteger's constant int8 weight stored as uint8 (+128, zero point
+    128). The integer products are the same, but ONNX Runtime runs them on its U8U8 kernels, which widen
+    to 16 bits before multiplying, so nothing saturates where the CPU lacks int8 dot products. Returns
+    the weights converted."""
+    import onnx  # heavy optional dependency: only the export needs it
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    zero_point = numpy_helper.from_array(np.array(ZERO_POINT, np.uint8), "rowwise_weight_zp_u8")
+    done: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type != "MatMulInteger" or node.input[1] not in inits:
+            continue
+        weight = inits[node.input[1]]
+        if weight.name not in done and weight.data_type == onnx.TensorProto.INT8:
+            shifted = (numpy_helper.to_array(weight).astype(np.int16) + ZERO_POINT).astype(np.uint8)
+            weight.CopyFrom(numpy_helper.from_array(shifted, weight.name))
+            done.add(weight.name)
+        while len(node.input) < 4:
+            node.input.append("")
+        node.input[3] = zero_point.name
+    model.graph.initializer.append(zero_point)
+    onnx.save(model, str(dst))
+    return len(done)

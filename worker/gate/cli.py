@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from worker.backends import registry
 from worker.exports.artifacts import export_location
 from worker.exports.build import ensure_export
 from worker.gate.decision import Decision
@@ -28,9 +29,9 @@ from worker.settings import WorkerSettings
 def backend_list(value: str) -> list[str]:
     """`--backends`' value as candidate names (the reference, always gated, dropped); a typo is a usage error."""
     names = [b for b in value.split(",") if b and b != "torch"]
-    unknown = [b for b in names if b not in CANDIDATES]
+    unknown = [b for b in names if b not in registry.all_candidates()]
     if unknown:
-        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not among {', '.join(CANDIDATES)}")
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not among {', '.join(registry.all_candidates())}")
     return names
 
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=DEFAULT_TEXTS, help=f"corpus size (default {DEFAULT_TEXTS})")
     parser.add_argument("--backends", type=backend_list, default=list(CANDIDATES),
-                        help="comma-separated backends to gate (default: all of them)")
+                        help="comma-separated backends to gate (default: those gated on this CPU)")
     parser.add_argument("--require", default="", help="comma-separated backends that must pass (exit 1 otherwise)")
     parser.add_argument("--write-decision", action="store_true",
                         help="record the table and the fastest passing backend for TOXFLEET_BACKEND=auto")

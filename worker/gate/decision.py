@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.exports.artifacts import DECISION_FILE, DEFAULT_INT8, installed_version
+from worker.exports.artifacts import DECISION_FILE, installed_version, int8_records
 
 DECISION_FORMAT = 3
 """Version of decision.json; another version is ignored (auto falls back to the reference). 2: the
@@ -40,8 +40,8 @@ class Decision:
     cpu: str = field(default_factory=cpu_model_name)
     versions: dict[str, str | None] = field(
         default_factory=lambda: {d: installed_version(d) for d in DECIDING_VERSIONS})
-    int8_recipe: dict[str, Any] = field(default_factory=DEFAULT_INT8.record)
-    """The recipe of the `onnx-int8` graph gated: another recipe's graph scores and times differently, so
+    int8_recipe: dict[str, Any] = field(default_factory=int8_records)
+    """The recipe of each int8 graph gated, by file: another recipe's graph scores and times differently, so
     the choice among all backends must be made again (bf16 may have won only because int8 failed)."""
     format: int = DECISION_FORMAT
     created: float = field(default_factory=time.time)
@@ -70,7 +70,7 @@ class Decision:
             return f"decision format {self.format}, expected {DECISION_FORMAT}"
         if self.checkpoint_sha256 != checkpoint_sha:
             return "decision was made for another checkpoint"
-        if self.int8_recipe != DEFAULT_INT8.record():
+        if self.int8_recipe != int8_records():
             return "decision was made on another int8 recipe's graph (the export's recipe changed since)"
         signature = kernel_signature()
         if self.kernel_signature != signature:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.backends import registry
+from worker.backends.base import REDUCED
 from worker.exports.artifacts import (
     DECISION_FILE,
     ExportError,
@@ -137,10 +139,11 @@ def _number(value: Any, spec: str) -> str:
 
 def verify_for(name: str, settings: WorkerSettings) -> None:
     """ExportError (saying why and what to run) unless backend `name`'s export, if it loads one, is usable."""
-    if name.startswith("onnx"):
+    spec = registry.spec(name)
+    if spec.runtime == registry.ONNX:
         directory, sha = export_location(settings)
         manifest = verify_export(directory, sha)
-        if name == "onnx-int8":
+        if spec.precision == REDUCED:
             verify_int8_recipe(directory, manifest)
 
 
