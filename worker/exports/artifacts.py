@@ -14,6 +14,8 @@ Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
                                                  per-row MatMulInteger + SmoothQuant, `worker.exports.rowwise`)
                                tokenizer/        Detoxify's tokenizer, saved, so no hub and no torch at run time
                                decision.json     the fidelity gate's table and the backend `auto` picks
+                               reference.json    the torch reference's scores of the gate corpus (any CPU's
+                                                 gate reuses them: `worker.gate.reference`)
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ FP32_MODEL = "model.onnx"
 INT8_MODEL = "model-int8.onnx"
 TOKENIZER_DIR = "tokenizer"
 DECISION_FILE = "decision.json"
+REFERENCE_FILE = "reference.json"
 
 RUNTIME_PINNED = ("onnxruntime", "transformers")
 """Packages a worker must run at the exported version: onnxruntime produced the fused and quantized
