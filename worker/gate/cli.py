@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                     lambda step: print(f"gate: {step}", file=sys.stderr, flush=True),
                     full=args.full, judge=required, cache=args.reference_cache, record=record)
     print(format_table(rows))
-    print(f"gate: {record.seconds:.0f} s (reference scores {record.reference})", file=sys.stderr, flush=True)
+    print(f"gate: {record.seconds:.0f} s, {record.cpu_seconds:.0f} s of CPU (reference scores {record.reference})",
+          file=sys.stderr, flush=True)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
     if args.timing:

@@ -15,6 +15,10 @@ Budgets (`FP32_BUDGET`, `REDUCED_BUDGET`; docs/backends.md gives the reasoning a
 a backend that misses its budget cannot be `auto`'s choice. The reference itself is checked too:
 padded passes against one text per pass (no padding at all) on the first texts. The command that
 runs it is `python -m worker.gate` (`worker.gate.cli`).
+
+What a run costs (`run_gate`): the reference's scores are read from the export directory when they were
+kept for this checkpoint and corpus (`worker.gate.reference`), candidates are timed before any is judged,
+and only those that could still be chosen are judged, each judgment stopping once a miss is proven.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ CANDIDATES = registry.candidates()
 """Backends gated by default, besides the reference."""
 
 SPEED_TEXTS = 256
-"""Texts of the corpus each backend is timed on, after it scored them all for fidelity."""
+"""Texts of the corpus each backend is timed on, before any is judged for fidelity."""
 
 SPEED_BATCH = 8
 """Texts per timed batch: about what a worker process takes at once under load (9 at 32 clients on the
@@ -304,6 +308,9 @@ class GateRecord:
     """One entry per step: backend, step (`reference scores`, `load`, `speed`, `fidelity`), seconds."""
     seconds: float = 0.0
     """The whole gate, wall clock."""
+    cpu_seconds: float = 0.0
+    """The whole gate, CPU time of this process (all its threads): on a shared machine, close to the
+    wall time the gate takes on idle cores."""
 
     def timed(self, backend: str, step: str, started: float) -> None:
         self.steps.append({"backend": backend, "step": step, "seconds": round(time.perf_counter() - started, 3)})
@@ -399,7 +406,7 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
     allows). `choose` picks what the full judgment would. `full`: judge every candidate on every text
     (the table docs/backends.md shows). `cache`: read and keep the reference's scores
     (`reference_scores`); its speed is timed here either way."""
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     record = record if record is not None else GateRecord()
     texts = list(gate_texts() if texts is None else texts)
     kept, reference = reference_scores(settings, texts, progress, cache, record)
@@ -435,6 +442,7 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
         if list(backend.labels) != kept.labels:
             rows[name] = _failed(name, backend.precision, len(texts), budget_for(backend.precision),
                                  f"labels {backend.labels} differ from the reference's {kept.labels}")
+            progress(f"[{k}/{len(backends)}] {name}: {rows[name].error}")
             continue
         started = time.perf_counter()
         rate = speed(backend, texts, settings)
@@ -466,6 +474,7 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
         del backend
         gc.collect()
     record.seconds = time.perf_counter() - began
+    record.cpu_seconds = time.process_time() - began_cpu
     return [rows["torch"], *(rows[name] for name in backends)]
 
 
