@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from worker.gate.fidelity import _Percent
 from worker.gate.reference import ReferenceScores, read_reference, reference_key
@@ -12,13 +13,13 @@ from worker.gate.reference import ReferenceScores, read_reference, reference_key
 TEXTS = ["", "ok", "you are awful"]
 
 
-def _key(**changes: object) -> dict[str, object]:
-    args: dict[str, object] = {"checkpoint_sha256": "a" * 64, "texts": TEXTS, "seed": 4242, "pass_tokens": 1024,
+def _key(**changes: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {"checkpoint_sha256": "a" * 64, "texts": TEXTS, "seed": 4242, "pass_tokens": 1024,
                                "pass_texts": 16, "overhead_tokens": 16, "check_texts": 2, **changes}
-    return reference_key(**args)  # type: ignore[arg-type]
+    return reference_key(**args)
 
 
-def _kept(tmp_path: Path, key: dict[str, object], scores: list[list[float]] | None = None) -> Path:
+def _kept(tmp_path: Path, key: dict[str, Any], scores: list[list[float]] | None = None) -> Path:
     path = tmp_path / "reference.json"
     rows = scores if scores is not None else [[0.1, 0.9], [0.2, 0.8], [0.3, 0.7]]
     return ReferenceScores(key, ["toxicity", "insult"], rows, rows[:2], 1.5).write(path)
@@ -35,7 +36,7 @@ def test_kept_scores_are_read_back_exactly_for_the_same_key(tmp_path: Path) -> N
 def test_the_key_holds_corpus_passes_and_versions_but_not_the_cpu() -> None:
     key = _key()
     assert set(key) == {"format", "checkpoint_sha256", "corpus", "passes", "check_texts", "versions"}
-    assert set(key["versions"]) == {"torch", "transformers", "detoxify"}  # type: ignore[arg-type]
+    assert set(key["versions"]) == {"torch", "transformers", "detoxify"}
     assert _key(texts=["", "ok", "you are awful!"])["corpus"] != key["corpus"]  # same size, other texts
 
 
