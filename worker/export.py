@@ -7,9 +7,14 @@ stale, runs the fidelity gate on this CPU (`worker.gate`) and writes the decisio
 
     python -m worker.export                # reads TOXFLEET_CHECKPOINT / TOXFLEET_HF_CONFIG / TOXFLEET_MODEL
     python -m worker.export --check        # verify only; exit 1 with the reason if a worker would refuse it
-    python -m worker.export --no-gate      # artifacts only (the gate needs minutes on a full-size model)
+    python -m worker.export --no-gate      # artifacts and the reference's scores (no gate: minutes saved)
+    python -m worker.export --no-gate --no-reference   # artifacts only
     python -m worker.export --backends onnx,onnx-int8   # gate only these (auto chooses among them)
     python -m worker.export --prepare      # what the configured backend needs, only if missing (`make run`)
+
+Besides the artifacts, it keeps the torch reference's scores of the gate corpus in the export directory
+(`worker.gate.reference`), once per checkpoint: they do not depend on the CPU, so the gate on any CPU
+(here, or a worker's at run time) reads them instead of scoring the corpus with the reference again.
 
 `--prepare` is what `scripts/run.sh` runs before the workers start. For `auto`: nothing (the workers
 serve with the reference at once, and their runtime gate exports and gates in the background,
@@ -32,6 +37,7 @@ from pathlib import Path
 from worker.exports.artifacts import ExportError, export_location, verify_export
 from worker.exports.build import ensure_export
 from worker.gate import cli as gate_cli
+from worker.gate.fidelity import DEFAULT_TEXTS, gate_texts, reference_scores
 from worker.gate.selection import valid_decision
 from worker.settings import WorkerSettings
 
@@ -43,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="verify the export only; exit 1 if a worker would refuse it")
     parser.add_argument("--force", action="store_true", help="rebuild even if the export is current")
     parser.add_argument("--no-gate", action="store_true", help="skip the fidelity gate and the auto decision")
+    parser.add_argument("--no-reference", dest="reference", action="store_false",
+                        help="with --no-gate: do not score the gate corpus with the reference either (the gate "
+                             "then does it, on whichever CPU runs it first)")
     parser.add_argument("--texts", type=int, default=None, help="gate corpus size (default: worker.gate's)")
     parser.add_argument("--backends", type=gate_cli.backend_list, default=None,
                         help="comma-separated backends to gate (default: worker.gate's candidates; the "
@@ -73,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"toxfleet export: {exc}", file=sys.stderr)
         return 1
     print(f"export: {directory} ({time.perf_counter() - started:.1f}s)")
+    if args.reference or not args.no_gate:
+        started = time.perf_counter()
+        reference_scores(settings, gate_texts(args.texts or DEFAULT_TEXTS),
+                         lambda step: print(f"export: {step}", file=sys.stderr, flush=True))
+        print(f"export: reference scores ({time.perf_counter() - started:.1f}s)")
     if args.no_gate:
         return 0
     return gate_cli.main(["--write-decision", *_gate_options(args.texts, args.backends)])

@@ -9,7 +9,7 @@ all, each within a padded-size cap, then puts the scores back in input order.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toxfleet.contract import LONG_TEXT_MODES, TRUNCATE, WINDOWS
@@ -121,11 +121,14 @@ class Scorer:
     def labels(self) -> list[str]:
         return self.backend.labels
 
-    def score(self, texts: Sequence[str], long_text: str | Sequence[str] = TRUNCATE
+    def score(self, texts: Sequence[str], long_text: str | Sequence[str] = TRUNCATE,
+              on_pass: Callable[[list[int], list[list[float]]], None] | None = None
               ) -> tuple[list[dict[str, float]], ScoreStats]:
         """One `{label: probability}` dict per text, in input order. `long_text` (one mode, or one per
         text): "truncate" reads a text's first `MODEL_MAX_TOKENS` tokens, as Detoxify does; "windows"
-        reads every overlapping window of a longer text and gives each label its max over them."""
+        reads every overlapping window of a longer text and gives each label its max over them.
+        `on_pass(texts, probabilities)` hears each pass as it is scored (the input index of each of its
+        sequences, their rows): the fidelity gate's progress, and its early verdicts (it may raise)."""
         if not texts:
             return [], ScoreStats(0, 0, 0, 0)
         modes = [long_text] * len(texts) if isinstance(long_text, str) else list(long_text)
@@ -153,6 +156,8 @@ class Scorer:
             probs = self.backend.predict([ids[j] for j in group])
             if len(probs) != len(group):
                 raise RuntimeError(f"backend returned {len(probs)} rows for {len(group)} texts")
+            if on_pass is not None:
+                on_pass([owner[j] for j in group], probs)
             padded += len(group) * max(lengths[j] for j in group)
             for j, row in zip(group, probs, strict=True):
                 scores = dict(zip(labels, row, strict=True))

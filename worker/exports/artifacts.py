@@ -18,6 +18,8 @@ Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
                                                  Runtime's U8U8 kernels (`rowwise.unsigned_weights`)
                                tokenizer/        Detoxify's tokenizer, saved, so no hub and no torch at run time
                                decision.json     the fidelity gate's table and the backend `auto` picks
+                               reference.json    the torch reference's scores of the gate corpus (any CPU's
+                                                 gate reuses them: `worker.gate.reference`)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ INT8_W7_MODEL = "model-int8-w7.onnx"
 INT8_U8_MODEL = "model-int8-u8.onnx"
 TOKENIZER_DIR = "tokenizer"
 DECISION_FILE = "decision.json"
+REFERENCE_FILE = "reference.json"
 
 RUNTIME_PINNED = ("onnxruntime", "transformers")
 """Packages a worker must run at the exported version: onnxruntime produced the fused and quantized

@@ -36,6 +36,7 @@ from worker.exports.artifacts import (
     PER_ROW,
     PER_TENSOR,
     REBUILD_HINT,
+    REFERENCE_FILE,
     TOKENIZER_DIR,
     ExportError,
     Int8Recipe,
@@ -242,6 +243,8 @@ def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
             fusions=fusions, int8=recipe.record(), versions={d: installed_version(d) for d in EXPORT_TOOLS},
             files=files, cpu=cpu_model_name(), kernel_signature=kernel_signature())
         (work / MANIFEST_FILE).write_text(manifest.to_json())
+        if (target / REFERENCE_FILE).is_file():  # the reference's scores outlive the graphs (their key checks them)
+            shutil.copyfile(target / REFERENCE_FILE, work / REFERENCE_FILE)
         _replace_dir(work, target)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

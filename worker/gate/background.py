@@ -331,8 +331,9 @@ class Regater(threading.Thread):
         except ExportError as exc:
             logger.info("runtime gate: %s needs this checkpoint's export here (%s); building it", decision.chosen, exc)
             self._set(state="exporting", chosen=decision.chosen)
-            run = self._run = GateRun([sys.executable, "-m", "worker.export", "--no-gate"], self._env(), "export",
-                                      self._settings.gate_nice)
+            # Adopting needs the artifacts only: no gate, and no reference scores (only a gate reads them).
+            run = self._run = GateRun([sys.executable, "-m", "worker.export", "--no-gate", "--no-reference"],
+                                      self._env(), "export", self._settings.gate_nice)
             try:
                 while run.proc.poll() is None:
                     if self._stopping.wait(1.0):

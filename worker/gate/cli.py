@@ -8,6 +8,12 @@ statistics; gate the real one:
 
     TOXFLEET_CHECKPOINT=real.ckpt TOXFLEET_HF_CONFIG=hf/ python -m worker.gate --write-decision
     python -m worker.gate --require onnx          # exit 1 unless `onnx` passes (CI)
+    python -m worker.gate --full --json rows.json # judge every candidate on every text (docs' tables)
+    python -m worker.gate --timing gate.json      # also record where the gate spent its time
+
+The reference's scores come from the export directory when `python -m worker.export` kept them for
+this checkpoint and corpus (`worker.gate.reference`); candidates are timed first and only those that
+could still be chosen are judged for fidelity (`worker.gate.fidelity.run_gate`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ from worker.backends import registry
 from worker.exports.artifacts import export_location
 from worker.exports.build import ensure_export
 from worker.gate.decision import Decision
-from worker.gate.fidelity import CANDIDATES, DEFAULT_TEXTS, choose, format_table, gate_texts, run_gate
+from worker.gate.fidelity import (
+    CANDIDATES,
+    DEFAULT_TEXTS,
+    GateRecord,
+    choose,
+    format_table,
+    gate_texts,
+    run_gate,
+)
 from worker.settings import WorkerSettings
 
 
@@ -48,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the decision to this file instead of the export directory (implies "
                              "--write-decision): the runtime gate's, where the image's export directory is read-only")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--full", action="store_true",
+                        help="judge every candidate's fidelity on every text, even one that cannot be chosen")
+    parser.add_argument("--no-reference-cache", dest="reference_cache", action="store_false",
+                        help="score the corpus with the reference here; neither read nor keep its scores")
+    parser.add_argument("--timing", type=Path,
+                        help="also write where the gate spent its time (steps, seconds) as JSON here")
     args = parser.parse_args(argv)
     settings = WorkerSettings()
     backends = args.backends
@@ -55,11 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     write = args.write_decision or args.decision_file is not None
     if write or any(b.startswith("onnx") for b in backends):
         ensure_export(settings)
+    record = GateRecord()
     rows = run_gate(settings, backends, gate_texts(args.texts),
-                    lambda step: print(f"gate: {step}", file=sys.stderr, flush=True))
+                    lambda step: print(f"gate: {step}", file=sys.stderr, flush=True),
+                    full=args.full, judge=required, cache=args.reference_cache, record=record)
     print(format_table(rows))
+    print(f"gate: {record.seconds:.0f} s, {record.cpu_seconds:.0f} s of CPU (reference scores {record.reference})",
+          file=sys.stderr, flush=True)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    if args.timing:
+        args.timing.write_text(json.dumps({**asdict(record), "texts": args.texts, "backends": backends,
+                                           "full": args.full, "threads": settings.torch_threads}, indent=2))
     status = 0
     if not rows[0].passed:
         print("fidelity: the reference's padded passes differ from unpadded scoring", file=sys.stderr)

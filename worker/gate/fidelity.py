@@ -15,6 +15,10 @@ Budgets (`FP32_BUDGET`, `REDUCED_BUDGET`; docs/backends.md gives the reasoning a
 a backend that misses its budget cannot be `auto`'s choice. The reference itself is checked too:
 padded passes against one text per pass (no padding at all) on the first texts. The command that
 runs it is `python -m worker.gate` (`worker.gate.cli`).
+
+What a run costs (`run_gate`): the reference's scores are read from the export directory when they were
+kept for this checkpoint and corpus (`worker.gate.reference`), candidates are timed before any is judged,
+and only those that could still be chosen are judged, each judgment stopping once a miss is proven.
 """
 
 from __future__ import annotations
@@ -23,13 +27,17 @@ import gc
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from worker.backends import registry
 from worker.backends.base import FP32, Backend
 from worker.backends.loader import load_backend, unavailable
+from worker.exports.artifacts import REFERENCE_FILE, ExportError, export_location
 from worker.gate.probes import probe_texts
-from worker.scorer import Scorer, planned
+from worker.gate.reference import ReferenceScores, read_reference, reference_key
+from worker.scorer import PASS_OVERHEAD_TOKENS, Scorer, planned
 from worker.settings import WorkerSettings
 
 
@@ -78,7 +86,7 @@ CANDIDATES = registry.candidates()
 """Backends gated by default, besides the reference."""
 
 SPEED_TEXTS = 256
-"""Texts of the corpus each backend is timed on, after it scored them all for fidelity."""
+"""Texts of the corpus each backend is timed on, before any is judged for fidelity."""
 
 SPEED_BATCH = 8
 """Texts per timed batch: about what a worker process takes at once under load (9 at 32 clients on the
@@ -88,6 +96,14 @@ opposite order from the full stack (docs/history.md)."""
 
 EDGE_TEXTS = ["", "ok", "You are an idiot!!!", "Ünïcödé ✓ 😀 — ﬁ", "word " * 800]
 """Texts a tokenizer or truncation mistake shows on: empty, tiny, punctuation, non-ASCII, > 512 tokens."""
+
+
+PROGRESS_STEP = 10
+"""Percent of a long step's texts between two progress lines."""
+
+
+NOT_JUDGED = "not judged"
+"""How the error of a row that was timed but not judged for fidelity begins."""
 
 
 def gate_texts(n: int = DEFAULT_TEXTS) -> list[str]:
@@ -117,6 +133,11 @@ class GateRow:
     texts_per_s: float
     load_seconds: float
     error: str | None = None
+    judged: bool = True
+    """False for a candidate timed but not judged for fidelity (`NOT_JUDGED`: slower than one that may be
+    chosen); its fidelity figures are NaN."""
+    stopped: str | None = None
+    """Where a judgment stopped early, and on what proof of a miss; its figures cover `texts` texts."""
 
 
 @dataclass(frozen=True)
@@ -207,10 +228,12 @@ def precision_of(name: str) -> str:
     return registry.precision(name)
 
 
-def score(backend: Backend, texts: Sequence[str], settings: WorkerSettings) -> list[list[float]]:
+def score(backend: Backend, texts: Sequence[str], settings: WorkerSettings,
+          on_pass: Callable[[list[int], list[list[float]]], None] | None = None) -> list[list[float]]:
     """Scores as lists in label order, the whole corpus sorted into the configured passes at once: the
-    fullest passes a worker makes, where a scale shared by the texts of a pass (int8) errs most."""
-    results, _ = Scorer(backend, settings.pass_tokens, settings.pass_texts).score(texts)
+    fullest passes a worker makes, where a scale shared by the texts of a pass (int8) errs most.
+    `on_pass` hears each pass (`worker.scorer.Scorer.score`)."""
+    results, _ = Scorer(backend, settings.pass_tokens, settings.pass_texts).score(texts, on_pass=on_pass)
     return [[r[label] for label in backend.labels] for r in results]
 
 
@@ -250,13 +273,19 @@ def _failed(name: str, precision: str, texts: int, budget: Budget, error: str) -
                    budget.p99_abs, budget.max_flip_fraction, budget.min_spearman, False, 0.0, 0.0, error)
 
 
-def reference_row(reference: Backend, texts: Sequence[str], scores: Sequence[Sequence[float]],
-                  rate: float) -> GateRow:
+def _not_judged(name: str, precision: str, rate: float, load_seconds: float, faster: str, faster_rate: float
+                ) -> GateRow:
+    """The row of a candidate not judged for fidelity: slower than one that may already be chosen."""
+    budget = budget_for(precision)
+    return GateRow(name, precision, 0, math.nan, math.nan, math.nan, 0, math.nan, math.nan, budget.max_abs,
+                   budget.p99_abs, budget.max_flip_fraction, budget.min_spearman, False, rate, load_seconds,
+                   f"{NOT_JUDGED}: slower than {faster} ({faster_rate:.1f} texts/s)", judged=False)
+
+
+def reference_row(reference: Backend, scores: ReferenceScores, rate: float) -> GateRow:
     """The reference's own row: its padded passes against one text per pass (no padding)."""
-    n = min(REFERENCE_CHECK_TEXTS, len(texts))
-    ids = reference.tokenize(texts[:n])
-    alone = [reference.predict([seq])[0] for seq in ids]
-    return _row(reference.name, reference.precision, compare(alone, scores[:n]), FP32_BUDGET, rate,
+    n = len(scores.alone)
+    return _row(reference.name, reference.precision, compare(scores.alone, scores.scores[:n]), FP32_BUDGET, rate,
                 reference.load_seconds)
 
 
@@ -264,35 +293,240 @@ def _quiet(_: str) -> None:
     pass
 
 
-def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
-             texts: Sequence[str] | None = None, progress: Callable[[str], None] = _quiet) -> list[GateRow]:
-    """The gate table: the reference's row first, then one row per backend (a backend that cannot load
-    on this machine gets a failed row saying why); `progress` hears each step."""
-    texts = list(gate_texts() if texts is None else texts)
+@dataclass
+class GateRecord:
+    """Where one gate run spent its time (`python -m worker.gate --timing`), and whether it scored the
+    corpus with the reference or read the reference's kept scores (`worker.gate.reference`)."""
+
+    reference: str = ""
+    """`cached` (read from the export directory), or `computed` (scored here; `stored` says whether kept)."""
+    reference_texts_scored: int = 0
+    """Corpus texts the reference scored in this run, counted pass by pass: 0 when its scores were kept."""
+    stored: str | None = None
+    """Where the scores computed here were kept, or why they were not."""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per step: backend, step (`reference scores`, `load`, `speed`, `fidelity`), seconds."""
+    seconds: float = 0.0
+    """The whole gate, wall clock."""
+    cpu_seconds: float = 0.0
+    """The whole gate, CPU time of this process (all its threads): on a shared machine, close to the
+    wall time the gate takes on idle cores."""
+
+    def timed(self, backend: str, step: str, started: float) -> None:
+        self.steps.append({"backend": backend, "step": step, "seconds": round(time.perf_counter() - started, 3)})
+
+
+class _Percent:
+    """Reports `label: N%` each time the texts done cross another `step` percent of `total`."""
+
+    def __init__(self, progress: Callable[[str], None], label: str, total: int, step: int = PROGRESS_STEP) -> None:
+        self.progress, self.label, self.total, self.step = progress, label, max(1, total), step
+        self.done = 0
+        self.next = step
+
+    def add(self, n: int) -> None:
+        self.done += n
+        percent = self.done * 100 // self.total
+        if percent >= self.next:
+            self.progress(f"{self.label}: {percent}% ({self.done}/{self.total} texts)")
+            self.next = (percent // self.step + 1) * self.step
+
+
+def _reference_path(settings: WorkerSettings) -> tuple[Path | None, str]:
+    """(where this checkpoint's reference scores are kept, or None if nowhere yet; checkpoint sha256, or
+    "" when the checkpoint is not on disk yet: the reference's load fetches it, and nothing is kept)."""
+    try:
+        directory, sha = export_location(settings)
+    except ExportError:
+        return None, ""
+    return (directory / REFERENCE_FILE if directory.is_dir() else None), sha
+
+
+def reference_scores(settings: WorkerSettings, texts: Sequence[str], progress: Callable[[str], None] = _quiet,
+                     cache: bool = True, record: GateRecord | None = None
+                     ) -> tuple[ReferenceScores, Backend | None]:
+    """The reference's scores of `texts`: those kept in the export directory if they were made for this
+    checkpoint, corpus, passes and versions; else scored now (with the percentage done) and kept there
+    when the directory exists. Also the reference backend, when it was loaded to score them."""
+    record = record if record is not None else GateRecord()
+    path, sha = _reference_path(settings)
+    seed = GATE_SEED if list(texts) == gate_texts(len(texts)) else None
+    key = reference_key(sha, texts, seed, settings.pass_tokens, settings.pass_texts, PASS_OVERHEAD_TOKENS,
+                        REFERENCE_CHECK_TEXTS)
+    if cache and path is not None:
+        kept = read_reference(path, key)
+        if isinstance(kept, ReferenceScores):
+            progress(f"reference torch: scores of {len(texts)} texts kept at {path} (made in {kept.seconds:.0f} s "
+                     f"on {kept.cpu}); not scored again")
+            record.reference = "cached"
+            return kept, None
+        if path.exists():
+            progress(f"reference torch: ignoring kept scores: {kept}; scoring again")
+    started = time.perf_counter()
     progress(f"reference torch on {len(texts)} texts")
-    reference = load_backend("torch", settings)
-    ref_scores = score(reference, texts, settings)
-    rows = [reference_row(reference, texts, ref_scores, speed(reference, texts, settings))]
-    labels = list(reference.labels)
+    backend = load_backend("torch", settings)
+    record.timed("torch", "load", started)
+    started = time.perf_counter()
+    meter = _Percent(progress, "reference torch", len(texts))
+
+    def counted(indices: list[int], _: list[list[float]]) -> None:
+        record.reference_texts_scored += len(indices)
+        meter.add(len(indices))
+
+    scores = score(backend, texts, settings, counted)
+    n = min(REFERENCE_CHECK_TEXTS, len(texts))
+    alone = [backend.predict([seq])[0] for seq in backend.tokenize(texts[:n])]
+    computed = ReferenceScores(key, list(backend.labels), scores, alone, time.perf_counter() - started)
+    record.timed("torch", "reference scores", started)
+    record.reference = "computed"
+    if not cache:
+        record.stored = "not kept (reference cache off)"
+    elif path is None:
+        record.stored = "not kept: no export directory for this checkpoint yet (`python -m worker.export` makes one)"
+    else:
+        try:
+            record.stored = str(computed.write(path))
+        except OSError as exc:
+            record.stored = f"not kept: {exc}"
+    progress(f"reference torch: scored in {computed.seconds:.0f} s; {record.stored}")
+    return computed, backend
+
+
+def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
+             texts: Sequence[str] | None = None, progress: Callable[[str], None] = _quiet, *,
+             full: bool = False, judge: Sequence[str] = (), cache: bool = True,
+             record: GateRecord | None = None) -> list[GateRow]:
+    """The gate table: the reference's row first, then one row per backend, in `backends`' order (a
+    backend that cannot load on this machine gets a failed row saying why); `progress` hears each step.
+
+    Speed first: every candidate is timed, then judged for fidelity fastest first, and only while it
+    could still be chosen: one that is not faster than the reference, or than a candidate that passed,
+    gets a row `NOT_JUDGED` (those in `judge` are judged anyway), and a judgment stops at the first
+    pass that proves a miss (a probability off by more than the budget's maximum, or more flips than it
+    allows). `choose` picks what the full judgment would. `full`: judge every candidate on every text
+    (the table docs/backends.md shows). `cache`: read and keep the reference's scores
+    (`reference_scores`); its speed is timed here either way."""
+    began, began_cpu = time.perf_counter(), time.process_time()
+    record = record if record is not None else GateRecord()
+    texts = list(gate_texts() if texts is None else texts)
+    kept, reference = reference_scores(settings, texts, progress, cache, record)
+    if reference is None:
+        started = time.perf_counter()
+        reference = load_backend("torch", settings)
+        record.timed("torch", "load", started)
+    started = time.perf_counter()
+    rate = speed(reference, texts, settings)
+    record.timed("torch", "speed", started)
+    rows: dict[str, GateRow] = {"torch": reference_row(reference, kept, rate)}
+    progress(f"reference torch: {rate:.1f} texts/s, {'pass' if rows['torch'].passed else 'FAIL'} "
+             f"(padded against unpadded, max abs {rows['torch'].max_abs:.2e})")
+    ref_rate = rate
     del reference
     gc.collect()
-    for name in backends:
+    timed: list[tuple[float, str, float]] = []
+    for k, name in enumerate(backends, 1):
         precision = precision_of(name)
         reason = unavailable(name)
         if reason is not None:
-            rows.append(_failed(name, precision, len(texts), budget_for(precision), f"cannot run here: {reason}"))
+            rows[name] = _failed(name, precision, len(texts), budget_for(precision), f"cannot run here: {reason}")
+            progress(f"[{k}/{len(backends)}] {name}: cannot run here: {reason}")
             continue
+        started = time.perf_counter()
         try:
             backend = load_backend(name, settings)
         except Exception as exc:
-            rows.append(_failed(name, precision, len(texts), budget_for(precision), f"cannot load: {exc}"))
+            rows[name] = _failed(name, precision, len(texts), budget_for(precision), f"cannot load: {exc}")
+            progress(f"[{k}/{len(backends)}] {name}: cannot load: {exc}")
             continue
-        progress(f"{name} on {len(texts)} texts")
-        rows.append(measure(backend, texts, ref_scores, labels, settings))
-        progress(f"{name}: {'pass' if rows[-1].passed else 'FAIL'} (max abs {rows[-1].max_abs:.2e})")
+        record.timed(name, "load", started)
+        if list(backend.labels) != kept.labels:
+            rows[name] = _failed(name, backend.precision, len(texts), budget_for(backend.precision),
+                                 f"labels {backend.labels} differ from the reference's {kept.labels}")
+            progress(f"[{k}/{len(backends)}] {name}: {rows[name].error}")
+            continue
+        started = time.perf_counter()
+        rate = speed(backend, texts, settings)
+        record.timed(name, "speed", started)
+        progress(f"[{k}/{len(backends)}] {name}: {rate:.1f} texts/s ({rate / ref_rate:.2f}x torch)")
+        if full:
+            rows[name] = _judge(backend, texts, kept, settings, rate, backend.load_seconds, progress, record, False)
+        else:
+            timed.append((rate, name, backend.load_seconds))
         del backend
         gc.collect()
-    return rows
+    best, best_rate = ("torch", ref_rate) if rows["torch"].passed else ("", 0.0)
+    for rate, name, load_seconds in sorted(timed, reverse=True):
+        if rate <= best_rate and name not in judge:
+            rows[name] = _not_judged(name, precision_of(name), rate, load_seconds, best, best_rate)
+            progress(f"{name}: {rows[name].error}")
+            continue
+        started = time.perf_counter()
+        try:
+            backend = load_backend(name, settings)
+        except Exception as exc:
+            rows[name] = _failed(name, precision_of(name), len(texts), budget_for(precision_of(name)),
+                                 f"cannot load: {exc}")
+            continue
+        record.timed(name, "load", started)
+        rows[name] = _judge(backend, texts, kept, settings, rate, load_seconds, progress, record, True)
+        if rows[name].passed and rate > best_rate:
+            best, best_rate = name, rate
+        del backend
+        gc.collect()
+    record.seconds = time.perf_counter() - began
+    record.cpu_seconds = time.process_time() - began_cpu
+    return [rows["torch"], *(rows[name] for name in backends)]
+
+
+class _Miss(Exception):
+    """Raised from a pass of a judgment once the candidate can no longer be within its budget."""
+
+
+def _judge(backend: Backend, texts: Sequence[str], kept: ReferenceScores, settings: WorkerSettings, rate: float,
+           load_seconds: float, progress: Callable[[str], None], record: GateRecord, stop_early: bool) -> GateRow:
+    """A candidate's fidelity row against the reference's scores, the percentage done reported as it
+    scores; with `stop_early`, it stops at the pass that proves a miss (the row then holds the texts
+    compared so far and says where it stopped)."""
+    budget = budget_for(backend.precision)
+    reference = kept.scores
+    cuts = sorted({THRESHOLD, *THRESHOLDS})
+    got: dict[int, list[float]] = {}
+    flips = dict.fromkeys(cuts, 0)
+    worst = [0.0]
+    meter = _Percent(progress, f"{backend.name} fidelity", len(texts))
+
+    def check(indices: list[int], rows: list[list[float]]) -> None:
+        for i, row in zip(indices, rows, strict=True):
+            got[i] = list(row)
+            ref = reference[i]
+            worst[0] = max(worst[0], *(abs(r - c) if math.isfinite(c) else math.inf for r, c in zip(ref, row,
+                                                                                                 strict=True)))
+            for cut in cuts:
+                flips[cut] += any((r >= cut) != (c >= cut) for r, c in zip(ref, row, strict=True))
+        meter.add(len(indices))
+        if not stop_early:
+            return
+        if not worst[0] <= budget.max_abs:
+            raise _Miss(f"max abs {worst[0]:.2e} > {budget.max_abs:g}")
+        if max(flips.values()) / len(texts) > budget.max_flip_fraction:
+            raise _Miss(f"{max(flips.values())} flips > {budget.max_flip_fraction:.1%} of {len(texts)}")
+
+    started = time.perf_counter()
+    progress(f"{backend.name}: judging fidelity on {len(texts)} texts")
+    stopped = None
+    try:
+        score(backend, texts, settings, check)
+    except _Miss as miss:
+        stopped = f"stopped after {len(got)} of {len(texts)} texts: {miss}"
+    record.timed(backend.name, "fidelity", started)
+    order = sorted(got)
+    row = _row(backend.name, backend.precision, compare([reference[i] for i in order], [got[i] for i in order]),
+               budget, rate, load_seconds)
+    if stopped is not None:
+        row.passed, row.stopped = False, stopped
+    progress(f"{backend.name}: {'pass' if row.passed else 'FAIL'} (max abs {row.max_abs:.2e}"
+             f"{'; ' + stopped if stopped else ''})")
+    return row
 
 
 def choose(rows: Sequence[GateRow]) -> str:
@@ -311,8 +545,13 @@ def format_table(rows: Sequence[GateRow]) -> str:
     for row in rows:
         ratio = f"{row.texts_per_s / reference_rate:.2f}" if reference_rate and row.texts_per_s else "-"
         gate = "pass" if row.passed else ("FAIL" if row.error is None else f"FAIL: {row.error}")
-        lines.append(f"| {row.backend} | {row.precision} | {row.texts} | {row.max_abs:.2e} | {row.p99_abs:.2e} | "
-                     f"{row.flips} ({row.flip_fraction:.2%}) | {row.min_spearman:.5f} | {row.budget_max_abs:g} / "
+        if row.stopped:
+            gate += f" ({row.stopped})"
+        if not row.judged:
+            gate = row.error or NOT_JUDGED
+        fidelity = (f"{row.max_abs:.2e} | {row.p99_abs:.2e} | {row.flips} ({row.flip_fraction:.2%}) | "
+                    f"{row.min_spearman:.5f}") if row.judged and row.error is None else "- | - | - | -"
+        lines.append(f"| {row.backend} | {row.precision} | {row.texts} | {fidelity} | {row.budget_max_abs:g} / "
                      f"{row.budget_p99_abs:g} / {row.budget_flip_fraction:.1%} / {row.budget_min_spearman:g} "
                      f"| {gate} | {row.texts_per_s:.1f} | {ratio} | {row.load_seconds:.2f} |")
     return "\n".join(lines)
