@@ -501,6 +501,9 @@ def test_image_export_step_decides_next_to_the_checkpoint_for_default_workers(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOXFLEET_")}
     env.update(dict(w.partition("=")[::2] for w in command[:n]), TOXFLEET_CHECKPOINT=str(checkpoint[0]),
                TOXFLEET_HF_CONFIG=str(checkpoint[1]))
+    # The stage runs the server packages from /opt/toxfleet/app, where it copied this tree's.
+    assert any(i.keyword == "ENV" and "PYTHONPATH=/opt/toxfleet/app" in i.args for i in build.instructions)
+    env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run([sys.executable, *command[n + 1:]], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
