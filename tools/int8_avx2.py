@@ -45,8 +45,9 @@ from worker.backends.loader import load_backend
 from worker.backends.onnx import OnnxBackend
 from worker.calibration import calibration_texts
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.exports import rowwise
-from worker.exports.artifacts import (
+from worker.gate.fidelity import format_table, gate_texts, measure, score, speed
+from worker.onnx_export import int8_graph as rowwise
+from worker.onnx_export.artifacts import (
     DEFAULT_INT8,
     FP32_MODEL,
     INT8_MODEL,
@@ -55,8 +56,7 @@ from worker.exports.artifacts import (
     export_location,
     verify_export,
 )
-from worker.exports.build import calibration_feeds, ensure_export
-from worker.gate.fidelity import format_table, gate_texts, measure, score, speed
+from worker.onnx_export.build import calibration_feeds, ensure_export
 from worker.settings import WorkerSettings
 
 U8U8 = {"session.x64quantprecision": "1"}

@@ -46,8 +46,8 @@ from worker.backends.rowwise import (
     output_projections,
 )
 from worker.calibration import calibration_texts
-from worker.exports import rowwise as onnx_rowwise
 from worker.gate.probes import probe_texts
+from worker.onnx_export import int8_graph as onnx_rowwise
 
 
 def variants(model: Any, calibration: Callable[[], dict[str, torch.Tensor]]

@@ -16,10 +16,10 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
 from tools.int8_measure import no_context
-from worker.exports import rowwise as onnx_rowwise
-from worker.exports.artifacts import PER_TENSOR_INT8
-from worker.exports.build import check_against_torch, export_onnx, fold, fuse, quantize_int8
 from worker.gate.fidelity import REDUCED_BUDGET, compare
+from worker.onnx_export import int8_graph as onnx_rowwise
+from worker.onnx_export.artifacts import PER_TENSOR_INT8
+from worker.onnx_export.build import check_against_torch, export_onnx, fold, fuse, quantize_int8
 
 
 class OrtModel:
@@ -48,7 +48,7 @@ class OrtModel:
 
 
 def onnx_fp32(model: Any, tokenizer: Any, directory: Path) -> Path:
-    """The export's fp32 graph (`worker.exports.build`: dynamo export, fold, fuse), built once here."""
+    """The export's fp32 graph (`worker.onnx_export.build`: dynamo export, fold, fuse), built once here."""
     path = directory / "model.onnx"
     if path.exists():
         return path
@@ -137,7 +137,7 @@ def onnx_variants(model: Any, tokenizer: Any, directory: Path,
 def onnx_role_search(fp32: Path, directory: Path, alpha: float | None, act_max: dict[str, np.ndarray] | None,
                      scores_of: Callable[[Any], list[list[float]]], reference: Sequence[Sequence[float]]
                      ) -> tuple[list[str], list[dict[str, Any]]]:
-    """Greedy mixed precision over MatMul roles (`worker.exports.rowwise.ROLES`): start with every role
+    """Greedy mixed precision over MatMul roles (`worker.onnx_export.int8_graph.ROLES`): start with every role
     in fp32, then move to int8, one at a time, the role whose move keeps the gate passing with the
     smallest p99 error; stop when no move passes. Returns the roles left in fp32 and the trace."""
     present = sorted(set(onnx_rowwise.matmul_roles(onnx.load(str(fp32)).graph).values()))

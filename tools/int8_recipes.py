@@ -55,7 +55,7 @@ def linear_input_maxima(model: torch.nn.Module, batches: Sequence[dict[str, torc
     """Per Linear (by module name), the largest |x_j| of each input channel j over the calibration
     `batches` (padded `input_ids`/`attention_mask` dicts), with the model in fp32: SmoothQuant's
     calibration. A Linear called several times (ALBERT's shared layer) keeps the max over every call.
-    (The ONNX export's counterpart is `worker.exports.rowwise.activation_maxima`.)"""
+    (The ONNX export's counterpart is `worker.onnx_export.int8_graph.activation_maxima`.)"""
     maxima: dict[str, torch.Tensor] = {}
     handles = []
 

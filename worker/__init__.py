@@ -16,7 +16,7 @@ Layers, top to bottom (every import points down; a line imports only from lines 
     batching.py    the batching task base; celery_app.py: the app
     scorer.py      length-sorted, padding-capped passes over any backend
     backends/      the Backend contract, torch reference, reduced precision, ONNX Runtime, loader
-    exports/       ahead-of-time ONNX artifacts: layout and verification, build
+    onnx_export/   ahead-of-time ONNX artifacts: layout and verification, build
     weights.py     where a checkpoint's weights come from; settings.py, cpus.py
 """
 

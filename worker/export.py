@@ -1,6 +1,6 @@
 """Ahead-of-time ONNX export and int8 quantization of a Detoxify checkpoint, then the fidelity gate.
 
-Workers never export: they load what this command built (`worker.exports`), and refuse an export
+Workers never export: they load what this command built (`worker.onnx_export`), and refuse an export
 that is missing, stale or corrupt with one line naming this command. It rebuilds what is missing or
 stale, runs the fidelity gate on this CPU (`worker.gate`) and writes the decision that
 `TOXFLEET_BACKEND=auto` reads:
@@ -23,7 +23,7 @@ checkpoint's sha256 on this CPU and these versions: then the export, then the ga
 decision. For a forced backend that loads an export (`onnx`, `onnx-int8`): the export (no gate). For
 the torch backends: nothing.
 
-This module is an entry point on top of `worker.exports` and `worker.gate`; nothing imports it.
+This module is an entry point on top of `worker.onnx_export` and `worker.gate`; nothing imports it.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import sys
 import time
 from pathlib import Path
 
-from worker.exports.artifacts import ExportError, export_location, verify_export
-from worker.exports.build import ensure_export
 from worker.gate import cli as gate_cli
 from worker.gate.fidelity import DEFAULT_TEXTS, gate_texts, reference_scores
 from worker.gate.selection import valid_decision
+from worker.onnx_export.artifacts import ExportError, export_location, verify_export
+from worker.onnx_export.build import ensure_export
 from worker.settings import WorkerSettings
 
 

@@ -19,11 +19,11 @@ from celery import signals
 
 from fleet import logs
 from worker import state
-from worker.exports.artifacts import ExportError
 from worker.gate.background import Regater
 from worker.gate.decision import Decision
 from worker.gate.selection import check, figures, why_chosen
 from worker.heartbeat import HeartbeatThread
+from worker.onnx_export.artifacts import ExportError
 from worker.settings import get_settings
 from worker.sweeper import Sweeper
 from worker.tasks import score

@@ -1,7 +1,7 @@
 """Where a Detoxify checkpoint's weights come from, and loading them through Detoxify's own code.
 
 The worker's main process checks (and if need be downloads) the weights before it forks, without
-importing torch; the export's layout is keyed by the same file (`worker.exports.artifacts`); pool
+importing torch; the export's layout is keyed by the same file (`worker.onnx_export.artifacts`); pool
 processes and the export build load the model with `load_detoxify`.
 """
 

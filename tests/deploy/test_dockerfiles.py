@@ -449,7 +449,7 @@ def test_worker_export_lands_where_the_runtime_reads_it(monkeypatch: pytest.Monk
     """For the image's named model, the export root is next to the checkpoint in the build's TORCH_HOME,
     which the runtime stage copies; neither stage sets TOXFLEET_EXPORT_DIR, and the runtime gets the
     build's virtualenv (onnxruntime, for the ONNX backends)."""
-    from worker.exports import artifacts
+    from worker.onnx_export import artifacts
     from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
     build, runtime = WORKER_FILE.stage("build"), IMAGES["worker"][1]

@@ -24,8 +24,6 @@ from worker import export
 from worker.backends.compiled import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, TorchCompiledBackend
 from worker.backends.reduced import TorchBf16Backend
 from worker.cpus import cpu_flags, kernel_signature
-from worker.exports import artifacts, build
-from worker.exports.artifacts import ExportError
 from worker.gate.fidelity import (
     FP32_BUDGET,
     REDUCED_BUDGET,
@@ -38,6 +36,8 @@ from worker.gate.fidelity import (
     score,
     speed,
 )
+from worker.onnx_export import artifacts, build
+from worker.onnx_export.artifacts import ExportError
 from worker.settings import WorkerSettings
 
 
@@ -197,7 +197,7 @@ def test_per_row_onnx_graph_computes_what_the_torch_rowwise_module_computes(expo
     import torch
 
     from worker.backends.rowwise import QuantPlan, apply_plan
-    from worker.exports.rowwise import rowwise_int8
+    from worker.onnx_export.int8_graph import rowwise_int8
     from worker.weights import load_detoxify
 
     directory, _ = artifacts.export_location(exported)

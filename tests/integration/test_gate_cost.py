@@ -21,10 +21,10 @@ from testing import ROOT
 from worker import export
 from worker.backends import loader
 from worker.backends.base import Backend
-from worker.exports import artifacts, build
 from worker.gate import fidelity
 from worker.gate.fidelity import NOT_JUDGED, GateRecord, choose, compare, gate_texts, run_gate
 from worker.gate.reference import ReferenceScores
+from worker.onnx_export import artifacts, build
 from worker.settings import WorkerSettings
 
 TEXTS = 48

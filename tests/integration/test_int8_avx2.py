@@ -19,8 +19,10 @@ from testing import MODELS, ROOT
 from tools.int8_avx2 import emulate_saturation
 from worker.backends.base import REDUCED
 from worker.backends.loader import load_backend
-from worker.exports import build
-from worker.exports.artifacts import (
+from worker.gate.decision import Decision
+from worker.gate.fidelity import REDUCED_BUDGET, gate_texts, run_gate
+from worker.onnx_export import build
+from worker.onnx_export.artifacts import (
     DEFAULT_INT8,
     INT8_MODEL,
     INT8_U8_MODEL,
@@ -29,8 +31,6 @@ from worker.exports.artifacts import (
     int8_records,
     verify_export,
 )
-from worker.gate.decision import Decision
-from worker.gate.fidelity import REDUCED_BUDGET, gate_texts, run_gate
 from worker.settings import WorkerSettings
 
 

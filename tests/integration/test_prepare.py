@@ -17,8 +17,8 @@ import httpx
 
 from testing import ROOT
 from testing.services import start_api, start_worker
-from worker.exports.artifacts import DECISION_FILE
 from worker.gate.decision import Decision
+from worker.onnx_export.artifacts import DECISION_FILE
 
 GATED = ("onnx", "onnx-int8", "torch-int8")
 """The candidates these tests gate: quick to load, and fp32 and int8 both among them."""

@@ -29,9 +29,9 @@ from testing.faults import ResultObserver
 from testing.processes import Proc, wait_for
 from testing.services import start_api, start_worker
 from worker.cpus import kernel_signature
-from worker.exports.artifacts import sha256_file
 from worker.gate import shared
 from worker.gate.decision import Decision
+from worker.onnx_export.artifacts import sha256_file
 
 GATE_ENV = {"TOXFLEET_RUNTIME_GATE": "1", "TOXFLEET_GATE_TEXTS": "64", "TOXFLEET_GATE_BACKENDS": "onnx",
             "TOXFLEET_GATE_RETRY_SECONDS": "3", "TOXFLEET_GATE_NICE": "2"}

@@ -1,4 +1,4 @@
-"""The ONNX per-row int8 rewrite (`worker.exports.rowwise`) on a one-MatMul graph, run by ONNX Runtime:
+"""The ONNX per-row int8 rewrite (`worker.onnx_export.int8_graph`) on a one-MatMul graph, run by ONNX Runtime:
 what outlier channels in fp32 buy when one activation channel dwarfs the rest."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.cpu import needs_exact_int8
-from worker.exports.rowwise import OUTLIER_SHARE, rowwise_int8
+from worker.onnx_export.int8_graph import OUTLIER_SHARE, rowwise_int8
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

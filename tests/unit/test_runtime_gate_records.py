@@ -81,7 +81,7 @@ def test_a_checkpoint_is_hashed_once_per_process_while_it_is_unchanged(tmp_path:
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The main process hashes the checkpoint once (its pool processes inherit the hash by fork); a
     changed file is hashed again."""
-    from worker.exports import artifacts
+    from worker.onnx_export import artifacts
 
     checkpoint = tmp_path / "model.ckpt"
     checkpoint.write_bytes(b"weights" * 100)

@@ -21,7 +21,7 @@ import numpy as np
 
 from toxfleet.contract import MODEL_MAX_TOKENS
 from worker.backends.base import FP32, REDUCED, Backend, pad_batch
-from worker.exports.artifacts import (
+from worker.onnx_export.artifacts import (
     FP32_MODEL,
     INT8_MODEL,
     INT8_U8_MODEL,

@@ -39,10 +39,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from fleet import redis_url as urls
-from worker.exports.artifacts import ExportError
 from worker.gate import shared
 from worker.gate.decision import Decision
 from worker.gate.selection import decision_at, verify_for
+from worker.onnx_export.artifacts import ExportError
 from worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)

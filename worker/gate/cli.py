@@ -25,8 +25,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from worker.backends import registry
-from worker.exports.artifacts import export_location
-from worker.exports.build import ensure_export
 from worker.gate.decision import Decision
 from worker.gate.fidelity import (
     CANDIDATES,
@@ -37,6 +35,8 @@ from worker.gate.fidelity import (
     gate_texts,
     run_gate,
 )
+from worker.onnx_export.artifacts import export_location
+from worker.onnx_export.build import ensure_export
 from worker.settings import WorkerSettings
 
 

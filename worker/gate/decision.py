@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.exports.artifacts import DECISION_FILE, installed_version, int8_records
+from worker.onnx_export.artifacts import DECISION_FILE, installed_version, int8_records
 
 DECISION_FORMAT = 3
 """Version of decision.json; another version is ignored (auto falls back to the reference). 2: the

@@ -34,9 +34,9 @@ from typing import Any
 from worker.backends import registry
 from worker.backends.base import FP32, Backend
 from worker.backends.loader import load_backend, unavailable
-from worker.exports.artifacts import REFERENCE_FILE, ExportError, export_location
 from worker.gate.probes import probe_texts
 from worker.gate.reference import ReferenceScores, read_reference, reference_key
+from worker.onnx_export.artifacts import REFERENCE_FILE, ExportError, export_location
 from worker.scorer import PASS_OVERHEAD_TOKENS, Scorer, planned
 from worker.settings import WorkerSettings
 

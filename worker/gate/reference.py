@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.cpus import cpu_model_name
-from worker.exports.artifacts import installed_version
+from worker.onnx_export.artifacts import installed_version
 
 REFERENCE_FORMAT = 1
 """Version of the file's layout; another version is ignored."""

@@ -15,14 +15,14 @@ from typing import Any
 
 from worker.backends import registry
 from worker.backends.base import REDUCED
-from worker.exports.artifacts import (
+from worker.gate.decision import Decision
+from worker.onnx_export.artifacts import (
     DECISION_FILE,
     ExportError,
     export_location,
     verify_export,
     verify_int8_recipe,
 )
-from worker.gate.decision import Decision
 from worker.settings import WorkerSettings
 
 REFERENCE = "torch"

@@ -19,8 +19,8 @@ from typing import Any
 
 from fleet.keys import GATE_RECORD_SECONDS, gate_key
 from worker.cpus import kernel_signature
-from worker.exports.artifacts import DEFAULT_INT8, installed_version
 from worker.gate.decision import DECIDING_VERSIONS, Decision
+from worker.onnx_export.artifacts import DEFAULT_INT8, installed_version
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Build this checkpoint's export: ONNX export, transformer fusion, int8 quantization, a check against
-torch, then the manifest (`worker.exports.artifacts`), replacing any old export atomically.
+torch, then the manifest (`worker.onnx_export.artifacts`), replacing any old export atomically.
 
 Export path, and why: `torch.onnx.export(dynamo=True)` (the default in torch 2.13). The TorchScript
 exporter (`dynamo=False`) traced transformers 5's attention-mask construction into a graph that
@@ -25,7 +25,7 @@ from typing import Any
 from worker.backends.base import pad_batch
 from worker.calibration import calibration_texts
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.exports.artifacts import (
+from worker.onnx_export.artifacts import (
     DEFAULT_INT8,
     EXPORT_FORMAT,
     FP32_MODEL,
@@ -132,7 +132,7 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
     the maxima they give (`rowwise.activation_maxima`), when already computed. Returns what the per-row
     rewrite counted (empty for the per-tensor quantizer)."""
     if recipe.activations == PER_ROW:
-        from worker.exports import rowwise
+        from worker.onnx_export import int8_graph as rowwise
 
         if recipe.calibrated and act_max is None:
             if not feeds:
@@ -162,7 +162,7 @@ def quantize_int8_graphs(src: Path, work: Path, recipe: Int8Recipe, feeds: list[
     """The int8 graphs of an export into `work`: `INT8_MODEL` by `recipe`; for CPUs without int8 dot
     products, `INT8_W7_MODEL` by its 7-bit-weight twin (`seven_bit_weights`) and `INT8_U8_MODEL`, the
     first with uint8 weights (`rowwise.unsigned_weights`); one calibration."""
-    from worker.exports import rowwise
+    from worker.onnx_export import int8_graph as rowwise
 
     act_max = None
     if recipe.activations == PER_ROW and recipe.calibrated:

@@ -1,7 +1,7 @@
 """Ahead-of-time ONNX exports as a worker reads them: where they live, what their manifest says, and
 whether they may be used.
 
-Workers never export: they load what `python -m worker.export` built (`worker.exports.build`), and
+Workers never export: they load what `python -m worker.export` built (`worker.onnx_export.build`), and
 refuse an export that is missing, stale (another export format, checkpoint, onnxruntime or
 transformers version) or corrupt (a file whose sha256 differs from the manifest) with one line naming
 the command to run. Nothing here imports torch or ONNX Runtime.
@@ -11,7 +11,7 @@ Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
     exports/<checkpoint sha256>/manifest.json    hashes, versions, opset, labels, int8 recipe
                                model.onnx        fp32, constant-folded, transformer ops fused
                                model-int8.onnx   int8 of model.onnx by the recorded `Int8Recipe` (default:
-                                                 per-row MatMulInteger + SmoothQuant, `worker.exports.rowwise`)
+                                                 per-row MatMulInteger + SmoothQuant, `worker.onnx_export.int8_graph`)
                                model-int8-w7.onnx  the same recipe with 7-bit weights (`seven_bit_weights`),
                                                  for CPUs without int8 dot products
                                model-int8-u8.onnx  model-int8.onnx's weights stored as uint8, for ONNX
@@ -61,7 +61,7 @@ class ExportError(RuntimeError):
 
 
 PER_ROW = "per-row"
-"""Int8 activations with one scale per token (`worker.exports.rowwise`): MatMulInteger, per-row scales."""
+"""Int8 activations with one scale per token (`worker.onnx_export.int8_graph`): MatMulInteger, per-row scales."""
 
 PER_TENSOR = "per-tensor"
 """Int8 activations with one scale per tensor per call (`onnxruntime.quantization.quantize_dynamic`)."""
@@ -73,7 +73,7 @@ class Int8Recipe:
     built by another recipe (`verify_int8_recipe`).
 
     The default is per-row activations with SmoothQuant, uint8 GELU rows and 32 outlier channels in
-    fp32 (`worker.exports.rowwise`): the int8 recipe measured closest to fp32 on the trained checkpoint.
+    fp32 (`worker.onnx_export.int8_graph`): the int8 recipe measured closest to fp32 on the trained checkpoint.
     ONNX Runtime's per-tensor dynamic quantization is several times further off there, because one text's outlier
     token sets the scale of every text padded beside it (docs/history.md, the int8 recipes). The gate decides.
     """
@@ -88,7 +88,7 @@ class Int8Recipe:
     """Per-row only: the FFN output's input (a GELU, >= -0.17) shifted and quantized to uint8 0..255,
     twice symmetric int8's resolution, the shift's product subtracted per column."""
     keep_fp32: tuple[str, ...] = ()
-    """Per-row only: MatMul roles left in fp32 (`worker.exports.rowwise.ROLES`): mixed precision."""
+    """Per-row only: MatMul roles left in fp32 (`worker.onnx_export.int8_graph.ROLES`): mixed precision."""
     outlier_channels: int = 32
     """Per-row only: the input channels of each MatMul group with the largest calibrated max |x| (at most
     an eighth of them) multiplied in fp32, outside the int8 product (LLM.int8()'s decomposition, fixed
