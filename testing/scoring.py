@@ -114,16 +114,19 @@ class TrackingClient(Client):
             for job_id, (_, first) in self.final.items():
                 try:
                     now = plain.job_status(job_id)
+                    if not now.finished:
+                        # Read final before, not final now: it is being scored again (its result was lost
+                        # with Redis), or the API answered from the manifest it holds for a few seconds
+                        # after a submit (api.services.manifests) and a long-poll finds the job gone.
+                        # A finding of its own (`reopened`); what counts is what it ends with.
+                        self.reopened.add(job_id)
+                        deadline = time.monotonic() + FINAL_WAIT_S
+                        while not now.finished and time.monotonic() < deadline:
+                            now = plain.job_status(job_id, wait=10)
                 except JobNotFound:
                     vanished.add(job_id)
+                    self.reopened.discard(job_id)
                     continue
-                if not now.finished:
-                    # Read final before, not final now: it is being scored again (its result was lost
-                    # with Redis). A finding of its own (`reopened`); what counts is what it ends with.
-                    self.reopened.add(job_id)
-                    deadline = time.monotonic() + FINAL_WAIT_S
-                    while not now.finished and time.monotonic() < deadline:
-                        now = plain.job_status(job_id, wait=10)
                 differ = [f.name for f in fields(first) if f.name in RESULT_FIELDS
                           and not same_result(_plain(getattr(first, f.name)), _plain(getattr(now, f.name)))]
                 if set(differ) & RESULT_FIELDS:

@@ -149,9 +149,14 @@ def test_run_script_serves_at_once_and_gates_behind_the_fleet(tiny_checkpoint: t
             (w,) = httpx.get(api + "/readyz", timeout=5).json()["backends"]
             return bool(w["backend"] == "onnx" and w["gating"]["state"] == "decided")
 
-        wait_for(gated, 400, "the background gate's switch", interval=1)
+        try:
+            wait_for(gated, 400, "the background gate's switch", interval=1)
+        except TimeoutError as exc:
+            pytest.fail(f"{exc}: /readyz {httpx.get(api + '/readyz', timeout=5).json()}\n{log.read_text()[-4000:]}")
         out = log.read_text()
-        assert "runtime gate [pid" in out and "gate: onnx on 64 texts" in out, out[-4000:]
+        # A line per candidate and a percentage within each, relayed from the gate's subprocess.
+        assert "runtime gate [pid" in out and "gate: [1/1] onnx: " in out, out[-4000:]
+        assert "gate: onnx fidelity: 100% (64/64 texts)" in out, out[-4000:]
         assert "auto -> onnx" in out
         later = httpx.post(api + "/v1/jobs", json={"texts": ["you are awful"]}, timeout=5)
         job = httpx.get(api + later.headers["location"], params={"wait": 30}, timeout=40).json()
