@@ -68,14 +68,17 @@ class ReadService:
         caller's key id), JobNotFound unless that key created the job."""
         logs.bind_job(job_id)
         try:
-            manifest = await self._manifest(job_id, owner)
+            manifest, remembered = await self._manifest_of(job_id, owner)
             result_keys = self._keys(job_id, len(manifest["chunks"]))
+            # A manifest from memory is confirmed in the results' round trip: a job Redis lost since
+            # (restarted empty, failed over) is a 404 at once, never `queued` with no results.
             if wait <= 0:
-                view = self._view(job_id, manifest, await self._metas(result_keys))
+                metas = await (self._recheck(job_id, result_keys) if remembered else self._metas(result_keys))
+                view = self._view(job_id, manifest, metas)
             else:
                 async with self._waiter.watching(result_keys) as queue:
                     # Subscribed (confirmed), then read: a result stored in between is seen by one or the other.
-                    metas = await self._metas(result_keys)
+                    metas = await (self._recheck(job_id, result_keys) if remembered else self._metas(result_keys))
                     view = await self._wait(job_id, manifest, result_keys, queue, metas, wait)
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
@@ -122,15 +125,20 @@ class ReadService:
         return view
 
     async def _manifest(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
+        return (await self._manifest_of(job_id, owner))[0]
+
+    async def _manifest_of(self, job_id: str, owner: str | None = None) -> tuple[dict[str, Any], bool]:
+        """The job's manifest, and whether it came from memory (not read from Redis just now)."""
         # A manifest this process wrote a moment ago (a long-poll right after its submit) needs no GET.
         manifest: dict[str, Any] | None = self._manifests.get(job_id)
+        remembered = manifest is not None
         if manifest is None:
             raw = await self._redis.get(keys.job_key(job_id))
             manifest = json.loads(raw) if raw is not None else None
         # Another key's job is answered exactly like a missing one: its existence is not disclosed.
         if manifest is None or (owner is not None and manifest.get("owner") != owner):
             raise self._not_found(job_id)
-        return manifest
+        return manifest, remembered
 
     def _not_found(self, job_id: str) -> JobNotFound:
         return JobNotFound(f"no job {job_id} (unknown, deleted, or expired after {self._settings.result_expires}s)")

@@ -1,7 +1,7 @@
 """README promises, each through the real uvicorn server (and a real worker where one is needed):
 expiry at `expires_at`, `TOXFLEET_IDEMPOTENCY_TTL`, the drop-in endpoints' 502 and 504 problems, a job
-that another API key can neither delete nor long-poll, `rediss://` and `unix://` end to end, and auth,
-413 and the rate limit as uvicorn serves them."""
+that another API key can neither delete nor long-poll, a job Redis lost answered 404 at once,
+`rediss://` and `unix://` end to end, and auth, 413 and the rate limit as uvicorn serves them."""
 
 from __future__ import annotations
 
@@ -151,6 +151,21 @@ def test_drop_in_endpoints_answer_504_when_no_result_comes_in_time(edge: str) ->
             assert 1.0 <= time.monotonic() - started < 5, time.monotonic() - started
             job_url = body["detail"].rsplit("see ", 1)[1]
             assert api.get(job_url).json()["status"] == "queued"
+
+
+def test_a_job_redis_lost_is_a_404_at_once_though_the_api_just_wrote_it(edge: str, redis_server: RedisServer
+                                                                       ) -> None:
+    """Redis loses its data (restarted empty, a failover to a replica that never saw the job) right after
+    a submit: the API that wrote the job, which holds its manifest for a few seconds
+    (`api.services.manifests`), answers 404, plain GET and long-poll alike, never `queued`."""
+    with httpx.Client(base_url=edge, headers=as_(BOB), timeout=30) as api:
+        submitted = api.post("/v1/jobs", json={"texts": ["lost with the broker"]})
+        assert submitted.status_code == 202, submitted.text
+        location = submitted.headers["location"]
+        assert api.get(location).json()["status"] == "queued"
+        redis_server.flush(14)
+        problem(api.get(location), 404, "not-found")
+        problem(api.get(location, params={"wait": 2}), 404, "not-found")
 
 
 def test_another_key_can_neither_delete_nor_long_poll_a_job(fleet: Fleet) -> None:
