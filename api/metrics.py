@@ -119,8 +119,10 @@ FLEET_GAUGES = {
 }
 
 FLEET_BACKENDS = "toxfleet_fleet_workers"
-FLEET_BACKENDS_DOC = ("Workers whose heartbeat is recent, by the backend they run and the TOXFLEET_BACKEND "
-                      "they were started with (`unknown` for a worker that does not say).")
+FLEET_BACKENDS_DOC = ("Workers whose heartbeat is recent, by the backend they run, the TOXFLEET_BACKEND "
+                      "they were started with, and how that backend was chosen (name, gate, fallback; "
+                      "`unknown` for a worker that does not say).")
+FLEET_BACKENDS_LABELS = ["backend", "configured", "chosen_by"]
 UNKNOWN = "unknown"
 
 
@@ -136,7 +138,7 @@ class FleetCollector(Collector):
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Registering calls this, not collect(): no Redis read until the first scrape.
         yield from (GaugeMetricFamily(name, doc) for name, doc in FLEET_GAUGES.items())
-        yield GaugeMetricFamily(FLEET_BACKENDS, FLEET_BACKENDS_DOC, labels=["backend", "configured"])
+        yield GaugeMetricFamily(FLEET_BACKENDS, FLEET_BACKENDS_DOC, labels=FLEET_BACKENDS_LABELS)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         reading = self._read()
@@ -152,9 +154,9 @@ class FleetCollector(Collector):
         }
         for name, doc in FLEET_GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=values[name])
-        # One series per (backend, configured) pair that runs now; with heartbeats unread, none.
-        backends = GaugeMetricFamily(FLEET_BACKENDS, FLEET_BACKENDS_DOC, labels=["backend", "configured"])
-        pairs = Tally((w.backend or UNKNOWN, w.configured or UNKNOWN) for w in reading.workers or [])
-        for (backend, configured), count in sorted(pairs.items()):
-            backends.add_metric([backend, configured], count)
+        # One series per (backend, configured, chosen_by) that runs now; with heartbeats unread, none.
+        backends = GaugeMetricFamily(FLEET_BACKENDS, FLEET_BACKENDS_DOC, labels=FLEET_BACKENDS_LABELS)
+        kinds = Tally((w.backend or UNKNOWN, w.configured or UNKNOWN, w.chosen_by) for w in reading.workers or [])
+        for labels, count in sorted(kinds.items()):
+            backends.add_metric(list(labels), count)
         yield backends

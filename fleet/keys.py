@@ -134,6 +134,17 @@ class Heartbeat:
     (gating, waiting, backoff, decided, off, unavailable), and as known `holder`, `progress`, `attempts`,
     `retry_at`, `last_error`; None from a worker that does not gate at run time."""
 
+    @property
+    def chosen_by(self) -> str:
+        """How the worker came to run `backend` (a metrics label): `name` (set by name), `gate` (`auto`,
+        from a fidelity decision, whichever backend it chose), `fallback` (`auto` with no decision behind
+        it: the reference, the fast path lost, as while a runtime gate runs), `unknown` (not said)."""
+        if self.configured is None:
+            return "unknown"
+        if self.configured != "auto":
+            return "name"
+        return "gate" if self.gate is not None else "fallback"
+
     def encode(self) -> str:
         return json.dumps(asdict(self))
 

@@ -49,24 +49,26 @@ def _scraped(url: str, expr: str, value: float) -> bool:
 def test_fleet_gauges_follow_the_heartbeats(fleet: Fleet, prometheus: str) -> None:
     """The API reports each live worker's running and configured backend and its pool processes, as its
     heartbeat says; the worker exports its failure series at 0 before any failure; and
-    ToxfleetFastPathLost fires exactly when that worker, configured `auto`, runs the reference."""
+    ToxfleetFastPathLost fires exactly when that worker, configured `auto`, runs the reference with no
+    fidelity decision behind it."""
     hostname = fleet.worker.extra["hostname"]
     raw = urls.sync_client(fleet.redis_url).get(keys.worker_info_key(hostname))
     assert raw is not None
     beat = keys.Heartbeat.decode(raw)
     assert beat.configured == "auto" and beat.backend and beat.concurrency == 2
     api = scrape(fleet.api_metrics)
-    assert api[("toxfleet_fleet_workers", frozenset({"backend": beat.backend, "configured": "auto"}.items()))] == 1
+    labels = {"backend": beat.backend, "configured": "auto", "chosen_by": beat.chosen_by}
+    assert api[("toxfleet_fleet_workers", frozenset(labels.items()))] == 1
     assert sum(v for (name, _), v in api.items() if name == "toxfleet_fleet_workers") == 1
     assert api[("toxfleet_worker_processes", frozenset())] == 2
     worker = scrape(fleet.worker_metrics)
     for reason in ("invalid", "scoring", "worker_lost"):
         assert worker[("toxfleet_task_failures_total", frozenset({"reason": reason}.items()))] == 0
 
-    expected = "firing" if beat.backend == "torch" else "inactive"
+    expected = "firing" if beat.chosen_by == "fallback" else "inactive"
     wait_for(lambda: _scraped(prometheus, "max(toxfleet_worker_processes)", 2), 30, "Prometheus scraping the API")
     wait_for(lambda: alert_state(prometheus, "ToxfleetFastPathLost") == expected, 15,
-             f"ToxfleetFastPathLost {expected} with backend {beat.backend}")
+             f"ToxfleetFastPathLost {expected} with backend {beat.backend}, chosen by {beat.chosen_by}")
 
 
 def test_no_live_workers_fires_when_every_worker_dies_and_resolves_when_one_returns(

@@ -71,6 +71,17 @@ def test_the_heartbeat_carries_why_and_the_runtime_gate_and_reads_older_beats() 
     assert Heartbeat.decode(json.dumps({"hostname": "w@h", "why": 3, "gating": "x"})).gating is None
 
 
+def test_the_heartbeat_says_how_its_backend_was_chosen() -> None:
+    """`chosen_by`, the label ToxfleetFastPathLost reads: only `auto` with no decision is a fallback; a
+    decision that chose the reference is not."""
+    figures = {"texts_per_s": 20.0}
+    assert Heartbeat("w@h", backend="torch", configured="auto").chosen_by == "fallback"
+    assert Heartbeat("w@h", backend="torch", configured="auto", gate=figures).chosen_by == "gate"
+    assert Heartbeat("w@h", backend="onnx", configured="auto", gate=figures).chosen_by == "gate"
+    assert Heartbeat("w@h", backend="torch", configured="torch").chosen_by == "name"
+    assert Heartbeat("w@h", backend="torch").chosen_by == "unknown"
+
+
 def test_gate_backends_must_name_backends() -> None:
     assert WorkerSettings(gate_backends="onnx,onnx-int8").gate_backends == "onnx,onnx-int8"
     with pytest.raises(ValueError, match="onnx_int8 not among"):
