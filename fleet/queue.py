@@ -57,11 +57,21 @@ async def aread_backlog(client: aioredis.Redis, now: float | None = None) -> Bac
     return Backlog(sum(map(int, queued)), int(unacked), int(workers))
 
 
+def _info_keys(names: list[Any]) -> list[str]:
+    return [worker_info_key(n.decode()) for n in names if isinstance(n, bytes)]
+
+
 async def alive_workers(client: aioredis.Redis, now: float | None = None) -> list[Heartbeat]:
     """The heartbeats of the workers that beat recently."""
     now = time.time() if now is None else now
     names = await client.zrangebyscore(WORKERS_KEY, now - HEARTBEAT_STALE_SECONDS, "+inf")
-    if not names:
-        return []
-    infos = await client.mget([worker_info_key(n.decode()) for n in names if isinstance(n, bytes)])
+    infos = await client.mget(_info_keys(names)) if names else []
+    return [Heartbeat.decode(i) for i in infos if i is not None]
+
+
+def read_alive_workers(client: redis.Redis, now: float | None = None) -> list[Heartbeat]:
+    """`alive_workers` on a blocking client."""
+    now = time.time() if now is None else now
+    names: Any = client.zrangebyscore(WORKERS_KEY, now - HEARTBEAT_STALE_SECONDS, "+inf")
+    infos: Any = client.mget(_info_keys(names)) if names else []
     return [Heartbeat.decode(i) for i in infos if i is not None]

@@ -4,7 +4,8 @@
 
 ECS has no metric for a Redis queue, so this publishes one. Every `--interval` seconds it reads, in
 one round trip, the messages waiting in the queue, the messages delivered to workers and not yet
-acknowledged (late acks: buffered or being scored), and the workers whose heartbeat is recent, and
+acknowledged (late acks: buffered or being scored), and the workers whose heartbeat is recent (and
+how many of them run the reference for want of a fidelity decision: `FallbackWorkers`), and
 prints one CloudWatch Embedded Metric Format (EMF) line: the `awslogs` log driver ships it to
 CloudWatch Logs, which extracts the metrics itself, so this needs no AWS SDK and no credentials
 beyond the task's log permissions. No torch, no Celery: Redis only.
@@ -25,7 +26,7 @@ import redis
 from fleet import logs
 from fleet import redis_url as urls
 from fleet.keys import DEFAULT_REDIS_URL
-from fleet.queue import Backlog, read_backlog
+from fleet.queue import Backlog, read_alive_workers, read_backlog
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +42,11 @@ DEFAULT_SERVICE = "toxfleet-worker"
 __all__ = ["DEFAULT_INTERVAL", "DEFAULT_SERVICE", "NAMESPACE", "Backlog", "emf", "main", "publish"]
 
 
-def emf(backlog: Backlog, service: str, timestamp: float) -> dict[str, Any]:
-    """One EMF document: the `_aws` metadata names the metrics, the root members hold the values."""
+def emf(backlog: Backlog, service: str, timestamp: float, fallback: int = 0) -> dict[str, Any]:
+    """One EMF document: the `_aws` metadata names the metrics, the root members hold the values.
+    `fallback`: live workers configured `auto` that run the reference with no decision behind it."""
     metrics = {"BacklogPerTask": backlog.per_task, "Backlog": backlog.total, "QueueDepth": backlog.queued,
-               "Unacked": backlog.unacked, "Workers": backlog.workers}
+               "Unacked": backlog.unacked, "Workers": backlog.workers, "FallbackWorkers": fallback}
     return {
         "_aws": {
             "Timestamp": int(timestamp * 1000),
@@ -61,7 +63,8 @@ def emf(backlog: Backlog, service: str, timestamp: float) -> dict[str, Any]:
 
 def publish(client: redis.Redis, service: str, out: TextIO) -> Backlog:
     backlog = read_backlog(client)
-    out.write(json.dumps(emf(backlog, service, time.time()), separators=(",", ":")) + "\n")
+    fallback = sum(beat.chosen_by == "fallback" for beat in read_alive_workers(client))
+    out.write(json.dumps(emf(backlog, service, time.time(), fallback), separators=(",", ":")) + "\n")
     out.flush()
     return backlog
 

@@ -400,6 +400,7 @@ def test_workers_scale_on_the_backlog_the_publisher_emits() -> None:
 
 ALARMED = {
     "NoLiveWorkersAlarm": ("toxfleet", "Workers"),
+    "FastPathLostAlarm": ("toxfleet", "FallbackWorkers"),
     "BacklogPerWorkerHighAlarm": ("toxfleet", "BacklogPerTask"),
     "RedisUnreachableAlarm": ("toxfleet", "BacklogPerTask"),
     "Api5xxRatioAlarm": ("AWS/ApplicationELB", "HTTPCode_Target_5XX_Count"),

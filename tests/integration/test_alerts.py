@@ -16,7 +16,7 @@ from fleet import keys
 from fleet import redis_url as urls
 from testing import Fleet, FleetSpec, Proc, start_worker, wait_for
 from testing.prometheus import alert_state, binary, firing, query, start_prometheus
-from tests.integration.test_observability import scrape
+from tests.integration.test_observability import publish_once, scrape
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="no prometheus binary: Debian's `prometheus` package "
                                 "ships it (`apt-get install prometheus`; .ci/run installs it when run as root)")
@@ -64,6 +64,9 @@ def test_fleet_gauges_follow_the_heartbeats(fleet: Fleet, prometheus: str) -> No
     worker = scrape(fleet.worker_metrics)
     for reason in ("invalid", "scoring", "worker_lost"):
         assert worker[("toxfleet_task_failures_total", frozenset({"reason": reason}.items()))] == 0
+
+    # The CloudWatch side of the same condition: the backlog publisher's FallbackWorkers (FastPathLostAlarm).
+    assert publish_once(fleet.redis_url)["FallbackWorkers"] == (beat.chosen_by == "fallback")
 
     expected = "firing" if beat.chosen_by == "fallback" else "inactive"
     wait_for(lambda: _scraped(prometheus, "max(toxfleet_worker_processes)", 2), 30, "Prometheus scraping the API")

@@ -193,7 +193,7 @@ def idle_queue(redis_server: RedisServer, session_tmp: Path) -> Iterator[dict[st
     api.stop()
 
 
-def _publish_once(redis_url: str, service: str = "toxfleet-worker") -> dict[str, Any]:
+def publish_once(redis_url: str, service: str = "toxfleet-worker") -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "tools.backlog", "--once", "--redis-url", redis_url,
                           "--service", service], cwd=ROOT, env=base_env(redis_url, None), capture_output=True,
                          text=True, timeout=30, check=True)
@@ -222,8 +222,9 @@ def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue:
         assert value(samples, "toxfleet_queue_unacked") == 1
         assert value(samples, "toxfleet_workers") == 0
 
-        doc = _publish_once(idle_queue["redis_url"], service="svc-a")
-        assert (doc["QueueDepth"], doc["Unacked"], doc["Backlog"], doc["Workers"]) == (3, 1, 4, 0)
+        doc = publish_once(idle_queue["redis_url"], service="svc-a")
+        assert (doc["QueueDepth"], doc["Unacked"], doc["Backlog"], doc["Workers"], doc["FallbackWorkers"]) == \
+            (3, 1, 4, 0, 0)
         assert doc["BacklogPerTask"] == 4.0  # no live worker: the whole backlog, so scale-out still sees it
         meta = doc["_aws"]
         assert abs(meta["Timestamp"] / 1000 - time.time()) < 30
@@ -237,7 +238,7 @@ def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue:
         # Two workers beating, one long silent: backlog per task is shared by the two.
         now = time.time()
         idle_queue["client"].zadd(keys.WORKERS_KEY, {"w1@h": now, "w2@h": now, "gone@h": now - 600})
-        doc = _publish_once(idle_queue["redis_url"])
+        doc = publish_once(idle_queue["redis_url"])
         assert (doc["Workers"], doc["BacklogPerTask"], doc["Service"]) == (2, 2.0, "toxfleet-worker")
         message.requeue()
 
