@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 
 from api.settings import ApiSettings
 from fleet import logs
@@ -404,6 +405,7 @@ ALARMED = {
     "BacklogPerWorkerHighAlarm": ("toxfleet", "BacklogPerTask"),
     "RedisUnreachableAlarm": ("toxfleet", "BacklogPerTask"),
     "Api5xxRatioAlarm": ("AWS/ApplicationELB", "HTTPCode_Target_5XX_Count"),
+    "ApiErrorBudgetBurnAlarm": ("AWS/ApplicationELB", "HTTPCode_Target_5XX_Count"),
     "ApiP99LatencyAlarm": ("AWS/ApplicationELB", "TargetResponseTime"),
     "ApiNoHealthyTargetAlarm": ("AWS/ApplicationELB", "HealthyHostCount"),
     "ScoringFailuresAlarm": ("toxfleet", "WorkerErrorLines"),
@@ -453,8 +455,23 @@ def test_idle_fleet_raises_no_alarm() -> None:
     assert breaching == {"RedisUnreachableAlarm", "ApiNoHealthyTargetAlarm"}
     (ratio,) = [m for m in alarms["Api5xxRatioAlarm"]["Metrics"] if m.get("ReturnData")]
     assert ratio["Expression"].startswith("IF(requests >= 20, ") and ratio["Expression"].endswith(", 0)")
+    (burn,) = [m for m in alarms["ApiErrorBudgetBurnAlarm"]["Metrics"] if m.get("ReturnData")]
+    assert burn["Expression"].startswith("IF(requests >= 100, ") and burn["Expression"].endswith(", 0)")
     assert PARAMETERS["WorkerMinCount"]["MinValue"] >= 1  # so "no live worker" is never the idle state
     assert refusals(IMAGES | {"WorkerMinCount": "0"}) == ["WorkerMinCount: out of range"]
+
+
+def test_error_budget_alarm_is_the_fast_burn_of_the_prometheus_rules() -> None:
+    """The burn alarm's threshold is the fast-burn rule's rate (14.4x a 0.1 % budget, in percent), held
+    over an hour of 5-minute periods, as ToxfleetErrorBudgetBurnFast's long window."""
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "toxfleet-rules.yml").read_text())
+    (fast,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "ToxfleetErrorBudgetBurnFast"]
+    assert "rate1h > 14.4 * 0.001" in fast["expr"]
+    burn = props("ApiErrorBudgetBurnAlarm")
+    assert burn["Threshold"] == pytest.approx(14.4 * 0.001 * 100)
+    assert burn["EvaluationPeriods"] == burn["DatapointsToAlarm"] == 12
+    periods = {m["MetricStat"]["Period"] for m in burn["Metrics"] if "MetricStat" in m}
+    assert periods == {300} and 12 * 300 == 3600
 
 
 def test_backlog_alarm_threshold_is_five_minutes_of_work() -> None:
