@@ -103,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         procs = []
         try:
             env = {"TOXFLEET_BACKEND": "torch", "TOXFLEET_EXPORT_DIR": str(exports), "TOXFLEET_CACHE": "false"}
+            # In this process's session, as the gate started below: with the scheduler's autogroups
+            # (sched_autogroup_enabled), nice only ranks processes of one session, and a worker's own
+            # runtime gate is its child, in its session. In sessions of their own the nice-19 gate
+            # would get a full autogroup's share, half the CPU beside the worker.
             worker = start_worker(tmp, server.url, checkpoint, name="gate-drop", concurrency=args.concurrency,
-                                  env=env)
+                                  env=env, own_session=False)
             api, url = start_api(tmp, server.url, name="gate-drop-api")
             procs += [worker, api]
             gate_env = {**base_env(server.url, checkpoint), **env, "TOXFLEET_BACKEND": "auto"}

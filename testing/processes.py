@@ -101,11 +101,14 @@ class Proc:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    own_session: bool = True
+    """Start it in a session of its own (its process group is killed with it). False keeps it in this
+    process's session, and so in its scheduler autogroup: what nice values are relative to."""
 
     def start(self) -> Proc:
         self._log = open(self.log, "ab")  # noqa: SIM115 - closed in stop(); the child writes to it meanwhile
         self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=self.own_session)
         track(self.proc.pid)
         return self
 
@@ -130,8 +133,9 @@ class Proc:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         # Whatever is left of its group (a killed worker's pool processes) goes with it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.own_session:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         untrack(self.proc.pid)
         self._log.close()
         return self.proc.returncode

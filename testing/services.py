@@ -23,7 +23,8 @@ def execution_log(tmp: Path) -> Path:
 
 
 def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None, name: str = "w1",
-                 concurrency: int = 2, wait: bool = True, env: dict[str, str] | None = None) -> Proc:
+                 concurrency: int = 2, wait: bool = True, env: dict[str, str] | None = None,
+                 own_session: bool = True) -> Proc:
     """A real `celery -A worker worker` process; waits until its heartbeat says it is ready."""
     hostname = f"{name}-{os.getpid()}@test"
     proc = Proc(name, [sys.executable, "-m", "celery", "-A", "worker", "worker", "--loglevel=INFO", "--events",
@@ -31,7 +32,7 @@ def start_worker(tmp: Path, redis_url: str, checkpoint: tuple[Path, Path] | None
                 # Metrics off unless a test asks: several workers would contend for the default port.
                 base_env(redis_url, checkpoint, **{"TOXFLEET_METRICS_PORT": "0",
                                                    "TOXFLEET_EXECUTION_LOG": str(execution_log(tmp)), **(env or {})}),
-                tmp / f"{name}.log")
+                tmp / f"{name}.log", own_session=own_session)
     proc.extra["hostname"] = hostname
     proc.start()
     if wait:
