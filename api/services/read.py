@@ -72,13 +72,13 @@ class ReadService:
             result_keys = self._keys(job_id, len(manifest["chunks"]))
             # A manifest from memory is confirmed in the results' round trip: a job Redis lost since
             # (restarted empty, failed over) is a 404 at once, never `queued` with no results.
+            confirm = job_id if remembered else None
             if wait <= 0:
-                metas = await (self._recheck(job_id, result_keys) if remembered else self._metas(result_keys))
-                view = self._view(job_id, manifest, metas)
+                view = self._view(job_id, manifest, await self._metas(result_keys, confirm))
             else:
                 async with self._waiter.watching(result_keys) as queue:
                     # Subscribed (confirmed), then read: a result stored in between is seen by one or the other.
-                    metas = await (self._recheck(job_id, result_keys) if remembered else self._metas(result_keys))
+                    metas = await self._metas(result_keys, confirm)
                     view = await self._wait(job_id, manifest, result_keys, queue, metas, wait)
         except RedisError as exc:
             raise BrokerUnavailable(f"broker unavailable: {exc.__class__.__name__}") from exc
@@ -179,12 +179,18 @@ class ReadService:
         return Job(id=job_id, status=state, progress=progress, results=None, model=model, error=None,
                    cache_hits=hits)
 
-    async def _metas(self, result_keys: list[bytes]) -> list[Meta | None]:
+    async def _metas(self, result_keys: list[bytes], confirm: str | None = None) -> list[Meta | None]:
+        """The results; with `confirm` (a job id), JobNotFound unless that job still exists, read in the
+        same round trip."""
         def read(pipe: Any) -> None:
+            if confirm is not None:
+                pipe.exists(keys.job_key(confirm))
             pipe.mget(result_keys)
 
-        # One MGET in a pipeline shared with the reads of concurrent requests (api.coalescer).
-        (values,) = await self._reads(read)
+        # One MGET (and EXISTS) in a pipeline shared with the reads of concurrent requests (api.coalescer).
+        *exists, values = await self._reads(read)
+        if confirm is not None and not exists[0]:
+            raise self._not_found(confirm)
         return [meta.parse(v) for v in values]
 
     async def _recheck(self, job_id: str, result_keys: list[bytes]) -> list[Meta | None]:
