@@ -131,6 +131,19 @@ def tiny_detoxify(tiny_checkpoint: tuple[Path, Path]) -> Any:
     return Detoxify(checkpoint=str(tiny_checkpoint[0]), huggingface_config_path=str(tiny_checkpoint[1]))
 
 
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """WorkerSettings whose export directory holds a fresh export of the tiny checkpoint, one per
+    test module (no reference scores kept)."""
+    from worker.onnx_export import build  # why: loads torch, which unit tests and API-only tests never need
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1],
+                              export_dir=tmp_path_factory.mktemp("exports"))
+    build.ensure_export(settings)
+    return settings
+
+
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("procs")

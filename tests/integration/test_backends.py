@@ -47,15 +47,6 @@ def another_cpu() -> str:
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> WorkerSettings:
-    """Settings whose export directory holds a fresh export of the tiny checkpoint."""
-    settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1],
-                              export_dir=tmp_path_factory.mktemp("exports"))
-    build.ensure_export(settings)
-    return settings
-
-
-@pytest.fixture(scope="module")
 def reference(exported: WorkerSettings) -> tuple[list[str], list[list[float]], list[str]]:
     """Gate texts and the torch reference's scores of them."""
     from worker.backends.loader import load_backend

@@ -24,20 +24,11 @@ from worker.backends.base import Backend
 from worker.gate import fidelity
 from worker.gate.fidelity import NOT_JUDGED, GateRecord, choose, compare, gate_texts, run_gate
 from worker.gate.reference import ReferenceScores
-from worker.onnx_export import artifacts, build
+from worker.onnx_export import artifacts
 from worker.settings import WorkerSettings
 
 TEXTS = 48
 """Corpus size of these tests: a few passes, a few seconds per backend on the tiny checkpoint."""
-
-
-@pytest.fixture(scope="module")
-def exported(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> WorkerSettings:
-    """Settings whose export directory holds a fresh export of the tiny checkpoint (no reference scores)."""
-    settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1],
-                              export_dir=tmp_path_factory.mktemp("exports"))
-    build.ensure_export(settings)
-    return settings
 
 
 @pytest.fixture

@@ -34,15 +34,6 @@ from worker.onnx_export.artifacts import (
 from worker.settings import WorkerSettings
 
 
-@pytest.fixture(scope="module")
-def exported(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> WorkerSettings:
-    """Settings whose export directory holds a fresh export of the tiny checkpoint."""
-    settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1],
-                              export_dir=tmp_path_factory.mktemp("exports"))
-    build.ensure_export(settings)
-    return settings
-
-
 def _matmul_integer_weights(path: Path) -> list[np.ndarray]:
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
@@ -120,7 +111,7 @@ def test_int8_graphs_gate_rows_on_the_trained_checkpoint(tmp_path: Path) -> None
     ckpt, hf = trained_checkpoint()
     settings = WorkerSettings(checkpoint=ckpt, hf_config=hf, export_dir=tmp_path)
     build.ensure_export(settings)
-    rows = {row.backend: row for row in run_gate(settings, ["onnx-int8", "onnx-int8-u8", "onnx-int8-w7"])}
+    rows = {row.backend: row for row in run_gate(settings, ["onnx-int8", "onnx-int8-u8", "onnx-int8-w7"], full=True)}
     eight, u8, w7 = rows["onnx-int8"], rows["onnx-int8-u8"], rows["onnx-int8-w7"]
     assert all(row.error is None for row in (eight, u8, w7))
     assert (u8.max_abs, u8.p99_abs, u8.flips, u8.passed) == (eight.max_abs, eight.p99_abs, eight.flips, eight.passed)
