@@ -1,10 +1,11 @@
 """`onnx-int8-w7`, the int8 graph for CPUs without int8 dot products: built by the export beside
 `onnx-int8`, loaded and scored through real ONNX Runtime, covered by the decision's recorded recipe,
-and free of the int16 pair saturation that `vpmaddubsw` inflicts on `onnx-int8` (shown by a numpy
-emulation, since this machine's ONNX Runtime may run VNNI kernels that never saturate)."""
+and free of the int16 pair saturation that `vpmaddubsw` inflicts on `onnx-int8`: shown by a numpy
+emulation, and on ONNX Runtime's own AVX2 kernels under `tools.avx2_host` where this CPU allows it."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from testing import MODELS, ROOT
 from tools.int8_avx2 import emulate_saturation
 from worker.backends.base import REDUCED
 from worker.backends.loader import load_backend
+from worker.backends.registry import int8_dot_products
+from worker.cpus import cpu_flags
 from worker.gate.decision import Decision
 from worker.gate.fidelity import REDUCED_BUDGET, gate_texts, run_gate
 from worker.onnx_export import build
@@ -132,3 +135,73 @@ def test_u8_backend_computes_exactly_what_onnx_int8_computes(exported: WorkerSet
     got = np.array(u8.predict(u8.tokenize(texts)))
     expected = np.array(eight.predict(eight.tokenize(texts)))
     assert np.abs(got - expected).max() < 1e-6
+
+
+def _avx2_host_or_skip() -> None:
+    from tools.avx2_host.__main__ import unavailable
+    why = unavailable()
+    if why:
+        pytest.skip(f"no AVX2 stand-in here: {why}")
+
+
+SCORE_GRAPHS = """
+import json, sys
+from worker.backends.loader import load_backend
+from worker.gate.fidelity import gate_texts
+from worker.settings import WorkerSettings
+settings = WorkerSettings(checkpoint=sys.argv[1], hf_config=sys.argv[2], export_dir=sys.argv[3])
+texts = gate_texts(48)
+out = {}
+for name in ("onnx", "onnx-int8", "onnx-int8-w7", "onnx-int8-u8"):
+    backend = load_backend(name, settings)
+    out[name] = backend.predict(backend.tokenize(texts))
+print(json.dumps(out))
+"""
+"""Scores of the gate's first texts by each ONNX graph, as JSON: run here and on the AVX2 stand-in."""
+
+
+def _scores(exported: WorkerSettings, avx2: bool) -> dict[str, np.ndarray]:
+    paths = (exported.checkpoint, exported.hf_config, exported.export_dir)
+    argv = [sys.executable, "-c", SCORE_GRAPHS, *map(str, paths)]
+    if avx2:
+        argv = [sys.executable, "-m", "tools.avx2_host", "--", *argv]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    return {name: np.array(rows) for name, rows in json.loads(done.stdout.splitlines()[-1]).items()}
+
+
+def test_the_avx2_stand_in_shows_every_library_a_cpu_without_avx512_or_vnni() -> None:
+    """Under `tools.avx2_host` the worker's kernel signature, ATen's dispatch and ONNX Runtime's int8 GEMM
+    all see AVX2 only: 255 x 127 products summed in pairs saturate, as they do on an AVX2-only CPU."""
+    _avx2_host_or_skip()
+    done = subprocess.run([sys.executable, "-m", "tools.avx2_host", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "kernel signature: avx2\n" in done.stdout and "torch CPU capability: AVX2\n" in done.stdout, done.stdout
+    assert "saturating int16 pairs" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("faulthandler", [False, True], ids=["plain", "faulthandler"])
+def test_a_real_fault_under_the_stand_in_still_ends_the_process(faulthandler: bool) -> None:
+    """The shim traps CPUID only: a program's own segmentation fault still kills it (and reaches its
+    own handler first, here Python's faulthandler), instead of looping in the shim's handler."""
+    _avx2_host_or_skip()
+    options = ["-X", "faulthandler"] if faulthandler else []
+    crash = [sys.executable, *options, "-c", "import ctypes; ctypes.string_at(0)"]
+    done = subprocess.run([sys.executable, "-m", "tools.avx2_host", "--", *crash], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode in (-11, 139), (done.returncode, done.stderr)
+    assert ("Fatal Python error: Segmentation fault" in done.stderr) is faulthandler, done.stderr
+
+
+@pytest.mark.slow
+def test_on_real_avx2_kernels_w7_and_u8u8_score_as_with_vnni_and_int8_does_not(exported: WorkerSettings) -> None:
+    """ONNX Runtime's own AVX2 kernels, not an emulation: the 7-bit-weight and U8U8 graphs cannot
+    saturate, so they give this CPU's scores (to float rounding of the fp32 ops around the GEMMs), while
+    `onnx-int8`'s u8 x s8 pairs saturate and its scores move far more."""
+    _avx2_host_or_skip()
+    if not int8_dot_products(cpu_flags()):
+        pytest.skip("this CPU has no int8 dot products itself: both runs would saturate alike")
+    here, avx2 = _scores(exported, avx2=False), _scores(exported, avx2=True)
+    moved = {name: float(np.abs(here[name] - avx2[name]).max()) for name in here}
+    assert moved["onnx"] < 1e-5 and moved["onnx-int8-w7"] < 1e-4 and moved["onnx-int8-u8"] < 1e-4, moved
+    assert moved["onnx-int8"] > 100 * max(moved["onnx-int8-w7"], moved["onnx-int8-u8"], 1e-6), moved
