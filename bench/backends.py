@@ -39,7 +39,7 @@ from worker.backends.loader import load_backend
 from worker.backends.onnx import OnnxBackend
 from worker.backends.torch import TorchBackend
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.gate.fidelity import compare
+from worker.gate.compare import compare
 from worker.onnx_export import artifacts, build
 from worker.scorer import Scorer
 from worker.settings import WorkerSettings

@@ -45,7 +45,8 @@ from worker.backends.loader import load_backend
 from worker.backends.onnx import OnnxBackend
 from worker.calibration import calibration_texts
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.gate.fidelity import format_table, gate_texts, measure, score, speed
+from worker.gate.cli import format_table
+from worker.gate.fidelity import gate_texts, measure, score, speed
 from worker.onnx_export import int8_graph as rowwise
 from worker.onnx_export.artifacts import (
     DEFAULT_INT8,

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from worker.gate.fidelity import REDUCED_BUDGET, compare
+from worker.gate.compare import compare
+from worker.gate.fidelity import REDUCED_BUDGET
 from worker.scorer import plan_passes
 
 
@@ -50,9 +51,9 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def gate_row(reference: Sequence[Sequence[float]], scores: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """The gate's own comparison and budgets (`worker.gate.fidelity`), plus two diagnostic rank figures:
-    over every text (the issue's first wording, which even bf16 fails on the benign near-tie) and on
-    scores rounded to the 2 decimals a dashboard shows."""
+    """The gate's own comparison and budgets (`worker.gate.compare`, `worker.gate.fidelity`), plus two
+    diagnostic rank figures: over every text (the issue's first wording, which even bf16 fails on the
+    benign near-tie) and on scores rounded to the 2 decimals a dashboard shows."""
     c = compare(reference, scores)
     ref, got = np.asarray(reference, dtype=np.float64), np.asarray(scores, dtype=np.float64)
     return {"max_abs": c.max_abs, "p99_abs": c.p99_abs, "flips_0.5": c.flips / c.texts,

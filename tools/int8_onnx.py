@@ -16,7 +16,8 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
 from tools.int8_measure import no_context
-from worker.gate.fidelity import REDUCED_BUDGET, compare
+from worker.gate.compare import compare
+from worker.gate.fidelity import REDUCED_BUDGET
 from worker.onnx_export import int8_graph as onnx_rowwise
 from worker.onnx_export.artifacts import PER_TENSOR_INT8
 from worker.onnx_export.build import check_against_torch, export_onnx, fold, fuse, quantize_int8

@@ -196,14 +196,9 @@ class ReadService:
     async def _recheck(self, job_id: str, result_keys: list[bytes]) -> list[Meta | None]:
         """The results again, in the same round trip as whether the job still exists: a manifest from
         memory, or one read before Redis lost its data or the job was deleted, must not hold a
-        long-poll for results that will never come (the client resubmits a job once it is a 404)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.exists(keys.job_key(job_id))
-            pipe.mget(result_keys)
-            exists, values = await pipe.execute()
-        if not exists:
-            raise self._not_found(job_id)
-        return [meta.parse(v) for v in values]
+        long-poll for results that will never come (the client resubmits a job once it is a 404).
+        The same coalesced read as `get`'s confirmed one (`_metas`)."""
+        return await self._metas(result_keys, job_id)
 
     async def _wait(self, job_id: str, manifest: dict[str, Any], result_keys: list[bytes], queue: Queue,
                     metas: list[Meta | None], wait: float) -> Job:

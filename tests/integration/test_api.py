@@ -116,6 +116,31 @@ def test_a_long_poll_on_a_job_redis_lost_answers_404(client: TestClient, redis_s
     assert r.status_code == 404 and "no job" in r.json()["detail"], r.text
 
 
+def test_a_job_deleted_while_its_long_poll_waits_answers_404_at_the_recheck(
+        client: TestClient, redis_server) -> None:  # type: ignore[no-untyped-def]
+    """The job goes after the long-poll's first read of its results: the poll's recheck (every
+    `RECHECK_SECONDS`, 1 s) finds it gone and answers 404 rather than waiting out `wait`."""
+    import concurrent.futures
+
+    r = redis_server.client()
+    job_id = client.post("/v1/jobs", json={"texts": ["a"]}).json()["id"]
+    r.config_resetstat()
+
+    def mgets() -> int:
+        return int(r.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        poll = pool.submit(client.get, f"/v1/jobs/{job_id}", params={"wait": 2})
+        while mgets() < 1 and not poll.done():  # until the poll has read the results once
+            time.sleep(0.01)
+        r.delete(keys.job_key(job_id))
+        got = poll.result()
+    took = time.monotonic() - started
+    assert got.status_code == 404 and "no job" in got.json()["detail"], got.text
+    assert mgets() >= 2 and took < 1.9, (mgets(), took)  # answered by a recheck, not at the end of `wait`
+
+
 def test_unknown_job_is_404(client: TestClient) -> None:
     """A well-formed id that names no job is 404 with a message."""
     r = client.get("/v1/jobs/" + "0" * 32)

@@ -24,12 +24,12 @@ from worker import export
 from worker.backends.compiled import COMPILER_ENV, WARM_UP_BATCHES, TorchBf16CompiledBackend, TorchCompiledBackend
 from worker.backends.reduced import TorchBf16Backend
 from worker.cpus import cpu_flags, kernel_signature
+from worker.gate.compare import compare
 from worker.gate.fidelity import (
     FP32_BUDGET,
     REDUCED_BUDGET,
     SPEED_BATCH,
     SPEED_TEXTS,
-    compare,
     gate_texts,
     measure,
     run_gate,

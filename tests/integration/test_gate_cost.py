@@ -22,7 +22,10 @@ from worker import export
 from worker.backends import loader
 from worker.backends.base import Backend
 from worker.gate import fidelity
-from worker.gate.fidelity import NOT_JUDGED, GateRecord, choose, compare, gate_texts, run_gate
+from worker.gate.cli import choose, format_table
+from worker.gate.compare import compare
+from worker.gate.fidelity import NOT_JUDGED, gate_texts, run_gate
+from worker.gate.record import GateRecord
 from worker.gate.reference import ReferenceScores
 from worker.onnx_export import artifacts
 from worker.settings import WorkerSettings
@@ -169,7 +172,7 @@ def test_a_candidate_slower_than_the_best_is_timed_but_not_judged(
     assert row.texts_per_s < rows[0].texts_per_s
     assert "torch-int8" not in scored
     assert choose(rows) == "torch"
-    assert "| torch-int8 | reduced | 0 | - | - | - | - |" in fidelity.format_table(rows)
+    assert "| torch-int8 | reduced | 0 | - | - | - | - |" in format_table(rows)
     assert any(line.startswith("[1/1] torch-int8: ") and "texts/s" in line for line in lines), lines
 
     forced = run_gate(settings, ["torch-int8"], gate_texts(TEXTS), judge=["torch-int8"])

@@ -1,10 +1,12 @@
-"""The gate's one comparison (`worker.gate.fidelity.compare`) and its budgets: pure logic on score rows."""
+"""The gate's one comparison (`worker.gate.compare.compare`) and its budgets (`worker.gate.fidelity`): pure
+logic on score rows."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.gate.fidelity import FP32_BUDGET, RANK_FLOOR, REDUCED_BUDGET, compare
+from worker.gate.compare import RANK_FLOOR, compare
+from worker.gate.fidelity import FP32_BUDGET, REDUCED_BUDGET
 
 
 def test_a_flip_at_any_threshold_counts_once_per_text() -> None:

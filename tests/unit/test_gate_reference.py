@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.gate.fidelity import _Percent
+from worker.gate.record import Percent
 from worker.gate.reference import ReferenceScores, read_reference, reference_key
 
 TEXTS = ["", "ok", "you are awful"]
@@ -76,12 +76,12 @@ def test_an_unreadable_or_incomplete_file_is_refused(tmp_path: Path) -> None:
 
 def test_progress_reports_at_most_once_per_tenth() -> None:
     lines: list[str] = []
-    meter = _Percent(lines.append, "onnx fidelity", 1024)
+    meter = Percent(lines.append, "onnx fidelity", 1024)
     for _ in range(1024 // 16):
         meter.add(16)
     assert len(lines) == 10 and lines[-1] == "onnx fidelity: 100% (1024/1024 texts)"
     assert lines[0] == "onnx fidelity: 10% (112/1024 texts)"
     lines.clear()
-    big = _Percent(lines.append, "reference torch", 40)
+    big = Percent(lines.append, "reference torch", 40)
     big.add(40)  # one pass past every step: one line
     assert lines == ["reference torch: 100% (40/40 texts)"]

@@ -21,20 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from worker.backends import registry
+from worker.gate.compare import RANK_FLOOR
 from worker.gate.decision import Decision
-from worker.gate.fidelity import (
-    CANDIDATES,
-    DEFAULT_TEXTS,
-    GateRecord,
-    choose,
-    format_table,
-    gate_texts,
-    run_gate,
-)
+from worker.gate.fidelity import CANDIDATES, DEFAULT_TEXTS, NOT_JUDGED, GateRow, gate_texts, run_gate
+from worker.gate.record import GateRecord
 from worker.onnx_export.artifacts import export_location
 from worker.onnx_export.build import ensure_export
 from worker.settings import WorkerSettings
@@ -47,6 +42,34 @@ def backend_list(value: str) -> list[str]:
     if unknown:
         raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not among {', '.join(registry.all_candidates())}")
     return names
+
+
+def choose(rows: Sequence[GateRow]) -> str:
+    """The fastest backend that passed (the reference always may be chosen if it passed its check)."""
+    passed = [row for row in rows if row.passed and row.error is None]
+    if not passed:
+        raise RuntimeError("no backend passed the fidelity gate, not even the reference")
+    return max(passed, key=lambda row: row.texts_per_s).backend
+
+
+def format_table(rows: Sequence[GateRow]) -> str:
+    reference_rate = rows[0].texts_per_s if rows else 0.0
+    lines = ["| backend | precision | texts | max abs | p99 abs | flips (worst threshold) | min Spearman "
+             f"(ref >= {RANK_FLOOR:g}) | budget (max / p99 / flips / rank) | gate | texts/s | x torch | load s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ratio = f"{row.texts_per_s / reference_rate:.2f}" if reference_rate and row.texts_per_s else "-"
+        gate = "pass" if row.passed else ("FAIL" if row.error is None else f"FAIL: {row.error}")
+        if row.stopped:
+            gate += f" ({row.stopped})"
+        if not row.judged:
+            gate = row.error or NOT_JUDGED
+        fidelity = (f"{row.max_abs:.2e} | {row.p99_abs:.2e} | {row.flips} ({row.flip_fraction:.2%}) | "
+                    f"{row.min_spearman:.5f}") if row.judged and row.error is None else "- | - | - | -"
+        lines.append(f"| {row.backend} | {row.precision} | {row.texts} | {fidelity} | {row.budget_max_abs:g} / "
+                     f"{row.budget_p99_abs:g} / {row.budget_flip_fraction:.1%} / {row.budget_min_spearman:g} "
+                     f"| {gate} | {row.texts_per_s:.1f} | {ratio} | {row.load_seconds:.2f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

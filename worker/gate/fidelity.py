@@ -3,7 +3,7 @@
 For each backend it scores the same texts the way a worker does (tokenized by the backend itself,
 sorted, cut into padded passes by `worker.scorer` with the configured budgets, so most texts sit next
 to a longer one and carry padding) and compares, against the reference's scores of the same texts
-(`compare`, the one comparison the gate and the benchmarks use):
+(`worker.gate.compare`, the one comparison the gate and the benchmarks use):
 
 - the largest and the 99th-percentile absolute difference of any probability (`max_abs`, `p99_abs`);
 - the fraction of texts whose decision at 0.5, or at any of `THRESHOLDS`, differs in any label
@@ -27,31 +27,19 @@ import gc
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from worker.backends import registry
 from worker.backends.base import FP32, Backend
 from worker.backends.loader import load_backend, unavailable
+from worker.gate.compare import THRESHOLD, THRESHOLDS, Budget, Comparison, compare
 from worker.gate.probes import probe_texts
+from worker.gate.record import GateRecord, Percent
 from worker.gate.reference import ReferenceScores, read_reference, reference_key
 from worker.onnx_export.artifacts import REFERENCE_FILE, ExportError, export_location
 from worker.scorer import PASS_OVERHEAD_TOKENS, Scorer, planned
 from worker.settings import WorkerSettings
-
-
-@dataclass(frozen=True)
-class Budget:
-    max_abs: float
-    """Largest allowed absolute probability difference."""
-    p99_abs: float
-    """Largest allowed 99th percentile of the absolute differences (over every text and label)."""
-    max_flip_fraction: float
-    """Largest allowed fraction of texts with any label decided differently, at any of `THRESHOLDS`."""
-    min_spearman: float
-    """Lowest allowed per-label rank correlation over the texts the reference scores >= `RANK_FLOOR`."""
-
 
 FP32_BUDGET = Budget(max_abs=1e-4, p99_abs=1e-4, max_flip_fraction=0.005, min_spearman=0.999)
 """For backends that compute in fp32: only summation order may differ."""
@@ -60,18 +48,6 @@ REDUCED_BUDGET = Budget(max_abs=0.05, p99_abs=0.01, max_flip_fraction=0.005, min
 """For int8 and bf16 backends: what a moderation user would notice. A decision (at 0.5 or at any
 threshold) changes on at most 0.5 % of texts, 99 % of probabilities move by at most 0.01 and none by
 more than 0.05, and the review order among texts that score at all (>= `RANK_FLOOR`) is kept."""
-
-THRESHOLD = 0.5
-"""Probability at or above which a label counts as set by default."""
-
-THRESHOLDS = tuple(round(0.1 * i, 1) for i in range(1, 10))
-"""Decision thresholds checked for flips: 0.1 to 0.9. A deployment's thresholds (and a request's)
-are any probability, so the gate holds decisions at every tenth, 0.5 included."""
-
-RANK_FLOOR = 0.05
-"""Rank agreement is judged among texts the reference scores at least this on a label. Below it lie
-hundreds of benign texts at 0.001-0.01 with gaps of ~1e-4: any reduced precision reshuffles that
-near-tie (bf16: Spearman 0.990 over all texts, 0.99995 above the floor), and no moderator reads it."""
 
 GATE_SEED = 4242
 """Seed of the gate corpus: fixed, and different from the benchmark corpus."""
@@ -105,11 +81,6 @@ opposite order from the full stack (docs/history.md)."""
 
 EDGE_TEXTS = ["", "ok", "You are an idiot!!!", "Ünïcödé ✓ 😀 — ﬁ", "word " * 800]
 """Texts a tokenizer or truncation mistake shows on: empty, tiny, punctuation, non-ASCII, > 512 tokens."""
-
-
-PROGRESS_STEP = 10
-"""Percent of a long step's texts between two progress lines."""
-
 
 NOT_JUDGED = "not judged"
 """How the error of a row that was timed but not judged for fidelity begins."""
@@ -147,85 +118,6 @@ class GateRow:
     chosen); its fidelity figures are NaN."""
     stopped: str | None = None
     """Where a judgment stopped early, and on what proof of a miss; its figures cover `texts` texts."""
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A candidate's scores against the reference's (`compare`)."""
-
-    max_abs: float
-    p99_abs: float
-    mean_abs: float
-    flips: int
-    """Texts with any label decided differently at `THRESHOLD` (0.5)."""
-    worst_flips: int
-    """The same at the worst of `THRESHOLD` and `THRESHOLDS`."""
-    min_spearman: float
-    texts: int
-
-    @property
-    def flip_fraction(self) -> float:
-        return self.worst_flips / self.texts if self.texts else 0.0
-
-    def within(self, budget: Budget) -> bool:
-        return (self.max_abs <= budget.max_abs and self.p99_abs <= budget.p99_abs
-                and self.flip_fraction <= budget.max_flip_fraction and self.min_spearman >= budget.min_spearman)
-
-
-def compare(reference: Sequence[Sequence[float]], candidate: Sequence[Sequence[float]],
-            thresholds: Sequence[float] = THRESHOLDS) -> Comparison:
-    """The gate's one comparison of a candidate's scores against the reference's (rows of labels)."""
-    if len(reference) != len(candidate):
-        raise ValueError(f"{len(candidate)} rows against {len(reference)} reference rows")
-    cuts = sorted({THRESHOLD, *thresholds})
-    flips = dict.fromkeys(cuts, 0)
-    diffs: list[float] = []
-    for ref_row, row in zip(reference, candidate, strict=True):
-        if len(ref_row) != len(row):
-            raise ValueError(f"{len(row)} labels against {len(ref_row)} in the reference")
-        diffs.extend(abs(r - c) if math.isfinite(c) else math.inf for r, c in zip(ref_row, row, strict=True))
-        for cut in cuts:
-            flips[cut] += any((r >= cut) != (c >= cut) for r, c in zip(ref_row, row, strict=True))
-    labels = len(reference[0]) if reference else 0
-    rank = min((_spearman([r[i] for r in reference if r[i] >= RANK_FLOOR],
-                          [c[i] for r, c in zip(reference, candidate, strict=True) if r[i] >= RANK_FLOOR])
-                for i in range(labels)), default=1.0)
-    ordered = sorted(diffs)
-    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] if ordered else 0.0
-    return Comparison(ordered[-1] if ordered else 0.0, p99, sum(diffs) / len(diffs) if diffs else 0.0,
-                      flips[THRESHOLD], max(flips.values()), rank, len(reference))
-
-
-def _ranks(values: Sequence[float]) -> list[float]:
-    """Average ranks (ties share their mean rank), as Spearman needs."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2
-        i = j + 1
-    return ranks
-
-
-def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rank correlation; 1.0 for fewer than 3 values (nothing to order), NaN-safe (a
-    non-finite candidate score ranks nowhere: -1.0)."""
-    if len(a) < 3:
-        return 1.0
-    if not all(math.isfinite(x) for x in b):
-        return -1.0
-    ra, rb = _ranks(a), _ranks(b)
-    mean = (len(a) - 1) / 2
-    cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb, strict=True))
-    var_a = sum((x - mean) ** 2 for x in ra)
-    var_b = sum((y - mean) ** 2 for y in rb)
-    if var_a == 0 or var_b == 0:
-        return 1.0 if ra == rb else 0.0
-    return cov / math.sqrt(var_a * var_b)
 
 
 def budget_for(precision: str) -> Budget:
@@ -306,45 +198,6 @@ def _quiet(_: str) -> None:
     pass
 
 
-@dataclass
-class GateRecord:
-    """Where one gate run spent its time (`python -m worker.gate --timing`), and whether it scored the
-    corpus with the reference or read the reference's kept scores (`worker.gate.reference`)."""
-
-    reference: str = ""
-    """`cached` (read from the export directory), or `computed` (scored here; `stored` says whether kept)."""
-    reference_texts_scored: int = 0
-    """Corpus texts the reference scored in this run, counted pass by pass: 0 when its scores were kept."""
-    stored: str | None = None
-    """Where the scores computed here were kept, or why they were not."""
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per step: backend, step (`reference scores`, `load`, `speed`, `fidelity`), seconds."""
-    seconds: float = 0.0
-    """The whole gate, wall clock."""
-    cpu_seconds: float = 0.0
-    """The whole gate, CPU time of this process (all its threads): on a shared machine, close to the
-    wall time the gate takes on idle cores."""
-
-    def timed(self, backend: str, step: str, started: float) -> None:
-        self.steps.append({"backend": backend, "step": step, "seconds": round(time.perf_counter() - started, 3)})
-
-
-class _Percent:
-    """Reports `label: N%` each time the texts done cross another `step` percent of `total`."""
-
-    def __init__(self, progress: Callable[[str], None], label: str, total: int, step: int = PROGRESS_STEP) -> None:
-        self.progress, self.label, self.total, self.step = progress, label, max(1, total), step
-        self.done = 0
-        self.next = step
-
-    def add(self, n: int) -> None:
-        self.done += n
-        percent = self.done * 100 // self.total
-        if percent >= self.next:
-            self.progress(f"{self.label}: {percent}% ({self.done}/{self.total} texts)")
-            self.next = (percent // self.step + 1) * self.step
-
-
 def _reference_path(settings: WorkerSettings) -> tuple[Path | None, str]:
     """(where this checkpoint's reference scores are kept, or None if nowhere yet; checkpoint sha256, or
     "" when the checkpoint is not on disk yet: the reference's load fetches it, and nothing is kept)."""
@@ -380,7 +233,7 @@ def reference_scores(settings: WorkerSettings, texts: Sequence[str], progress: C
     backend = load_backend("torch", settings)
     record.timed("torch", "load", started)
     started = time.perf_counter()
-    meter = _Percent(progress, "reference torch", len(texts))
+    meter = Percent(progress, "reference torch", len(texts))
 
     def counted(indices: list[int], _: list[list[float]]) -> None:
         record.reference_texts_scored += len(indices)
@@ -416,9 +269,9 @@ def run_gate(settings: WorkerSettings, backends: Sequence[str] = CANDIDATES,
     could still be chosen: one that is not faster than the reference, or than a candidate that passed,
     gets a row `NOT_JUDGED` (those in `judge` are judged anyway), and a judgment stops at the first
     pass that proves a miss (a probability off by more than the budget's maximum, or more flips than it
-    allows). `choose` picks what the full judgment would. `full`: judge every candidate on every text
-    (the table docs/backends.md shows). `cache`: read and keep the reference's scores
-    (`reference_scores`); its speed is timed here either way."""
+    allows). `choose` (`worker.gate.cli`) picks what the full judgment would. `full`: judge every
+    candidate on every text (the table docs/backends.md shows). `cache`: read and keep the reference's
+    scores (`reference_scores`); its speed is timed here either way."""
     began, began_cpu = time.perf_counter(), time.process_time()
     record = record if record is not None else GateRecord()
     texts = list(gate_texts() if texts is None else texts)
@@ -506,7 +359,7 @@ def _judge(backend: Backend, texts: Sequence[str], kept: ReferenceScores, settin
     got: dict[int, list[float]] = {}
     flips = dict.fromkeys(cuts, 0)
     worst = [0.0]
-    meter = _Percent(progress, f"{backend.name} fidelity", len(texts))
+    meter = Percent(progress, f"{backend.name} fidelity", len(texts))
 
     def check(indices: list[int], rows: list[list[float]]) -> None:
         for i, row in zip(indices, rows, strict=True):
@@ -540,31 +393,3 @@ def _judge(backend: Backend, texts: Sequence[str], kept: ReferenceScores, settin
     progress(f"{backend.name}: {'pass' if row.passed else 'FAIL'} (max abs {row.max_abs:.2e}"
              f"{'; ' + stopped if stopped else ''})")
     return row
-
-
-def choose(rows: Sequence[GateRow]) -> str:
-    """The fastest backend that passed (the reference always may be chosen if it passed its check)."""
-    passed = [row for row in rows if row.passed and row.error is None]
-    if not passed:
-        raise RuntimeError("no backend passed the fidelity gate, not even the reference")
-    return max(passed, key=lambda row: row.texts_per_s).backend
-
-
-def format_table(rows: Sequence[GateRow]) -> str:
-    reference_rate = rows[0].texts_per_s if rows else 0.0
-    lines = ["| backend | precision | texts | max abs | p99 abs | flips (worst threshold) | min Spearman "
-             f"(ref >= {RANK_FLOOR:g}) | budget (max / p99 / flips / rank) | gate | texts/s | x torch | load s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        ratio = f"{row.texts_per_s / reference_rate:.2f}" if reference_rate and row.texts_per_s else "-"
-        gate = "pass" if row.passed else ("FAIL" if row.error is None else f"FAIL: {row.error}")
-        if row.stopped:
-            gate += f" ({row.stopped})"
-        if not row.judged:
-            gate = row.error or NOT_JUDGED
-        fidelity = (f"{row.max_abs:.2e} | {row.p99_abs:.2e} | {row.flips} ({row.flip_fraction:.2%}) | "
-                    f"{row.min_spearman:.5f}") if row.judged and row.error is None else "- | - | - | -"
-        lines.append(f"| {row.backend} | {row.precision} | {row.texts} | {fidelity} | {row.budget_max_abs:g} / "
-                     f"{row.budget_p99_abs:g} / {row.budget_flip_fraction:.1%} / {row.budget_min_spearman:g} "
-                     f"| {gate} | {row.texts_per_s:.1f} | {ratio} | {row.load_seconds:.2f} |")
-    return "\n".join(lines)
