@@ -25,6 +25,10 @@ sent that has no final result yet (see `fleet.pending`)."""
 PENDING_ARGS_KEY = "toxfleet:pending:args"
 """Redis hash: task id -> JSON `{"args": ..., "kwargs": ...}` of a pending task (see `PENDING_KEY`)."""
 
+JOB_LATENCY_KEY = "toxfleet:latency"
+"""Redis list: seconds from a task message's publish to its final result, pushed by the workers and
+drained by the backlog publisher (see `fleet.latency`)."""
+
 LEASE_PREFIX = "toxfleet:lease:"
 """Redis key prefix of the lease a batch takes on each request it scores (value: the batch id)."""
 

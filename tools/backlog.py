@@ -5,8 +5,10 @@
 ECS has no metric for a Redis queue, so this publishes one. Every `--interval` seconds it reads, in
 one round trip, the messages waiting in the queue, the messages delivered to workers and not yet
 acknowledged (late acks: buffered or being scored), and the workers whose heartbeat is recent (and
-how many of them run the reference for want of a fidelity decision: `FallbackWorkers`), and
-prints one CloudWatch Embedded Metric Format (EMF) line: the `awslogs` log driver ships it to
+how many of them run the reference for want of a fidelity decision: `FallbackWorkers`), then takes
+the job latency samples the workers recorded since (`JobLatency`, seconds from the API's publish to the
+result stored, per task message: `fleet.latency`), and prints a CloudWatch Embedded Metric Format (EMF)
+line (more lines when there are over EMF_MAX_VALUES samples): the `awslogs` log driver ships it to
 CloudWatch Logs, which extracts the metrics itself, so this needs no AWS SDK and no credentials
 beyond the task's log permissions. No torch, no Celery: Redis only.
 """
@@ -19,11 +21,12 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import redis
 
-from fleet import logs
+from fleet import latency, logs
 from fleet import redis_url as urls
 from fleet.keys import DEFAULT_REDIS_URL
 from fleet.queue import Backlog, read_alive_workers, read_backlog
@@ -39,32 +42,56 @@ DEFAULT_INTERVAL = 60.0
 DEFAULT_SERVICE = "toxfleet-worker"
 """Value of the `Service` dimension; the scaling policy's metric must name the same."""
 
-__all__ = ["DEFAULT_INTERVAL", "DEFAULT_SERVICE", "NAMESPACE", "Backlog", "emf", "main", "publish"]
+EMF_MAX_VALUES = 100
+"""Values one EMF metric may carry (CloudWatch's limit); more job latency samples go in further lines."""
+
+__all__ = ["DEFAULT_INTERVAL", "DEFAULT_SERVICE", "EMF_MAX_VALUES", "NAMESPACE", "Backlog", "emf", "latency_emf",
+           "main", "publish"]
 
 
-def emf(backlog: Backlog, service: str, timestamp: float, fallback: int = 0) -> dict[str, Any]:
-    """One EMF document: the `_aws` metadata names the metrics, the root members hold the values.
-    `fallback`: live workers configured `auto` that run the reference with no decision behind it."""
-    metrics = {"BacklogPerTask": backlog.per_task, "Backlog": backlog.total, "QueueDepth": backlog.queued,
-               "Unacked": backlog.unacked, "Workers": backlog.workers, "FallbackWorkers": fallback}
+def _document(service: str, timestamp: float, values: dict[str, Any], units: dict[str, str]) -> dict[str, Any]:
     return {
         "_aws": {
             "Timestamp": int(timestamp * 1000),
             "CloudWatchMetrics": [{
                 "Namespace": NAMESPACE,
                 "Dimensions": [["Service"]],
-                "Metrics": [{"Name": name, "Unit": "Count"} for name in metrics],
+                "Metrics": [{"Name": name, "Unit": units.get(name, "Count")} for name in values],
             }],
         },
         "Service": service,
-        **metrics,
+        **values,
     }
+
+
+def emf(backlog: Backlog, service: str, timestamp: float, fallback: int = 0,
+        latencies: Sequence[float] = ()) -> dict[str, Any]:
+    """One EMF document: the `_aws` metadata names the metrics, the root members hold the values.
+    `fallback`: live workers configured `auto` that run the reference with no decision behind it;
+    `latencies`: at most EMF_MAX_VALUES job latency samples (seconds), JobLatency only if there are any."""
+    values: dict[str, Any] = {"BacklogPerTask": backlog.per_task, "Backlog": backlog.total,
+                              "QueueDepth": backlog.queued, "Unacked": backlog.unacked,
+                              "Workers": backlog.workers, "FallbackWorkers": fallback}
+    if latencies:
+        values["JobLatency"] = list(latencies)
+    return _document(service, timestamp, values, {"JobLatency": "Seconds"})
+
+
+def latency_emf(service: str, timestamp: float, latencies: Sequence[float]) -> dict[str, Any]:
+    """An EMF document of JobLatency samples alone: the ones beyond the first document's EMF_MAX_VALUES."""
+    return _document(service, timestamp, {"JobLatency": list(latencies)}, {"JobLatency": "Seconds"})
 
 
 def publish(client: redis.Redis, service: str, out: TextIO) -> Backlog:
     backlog = read_backlog(client)
     fallback = sum(beat.chosen_by == "fallback" for beat in read_alive_workers(client))
-    out.write(json.dumps(emf(backlog, service, time.time(), fallback), separators=(",", ":")) + "\n")
+    # Drained last: a Redis error before it leaves the samples for the next reading.
+    samples = latency.drain(client)
+    now = time.time()
+    docs = [emf(backlog, service, now, fallback, samples[:EMF_MAX_VALUES])]
+    docs += [latency_emf(service, now, samples[i:i + EMF_MAX_VALUES])
+             for i in range(EMF_MAX_VALUES, len(samples), EMF_MAX_VALUES)]
+    out.write("".join(json.dumps(d, separators=(",", ":")) + "\n" for d in docs))
     out.flush()
     return backlog
 

@@ -13,12 +13,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet import meta, pending
+from fleet import latency, meta, pending
 from fleet.keys import cancelled_key, lease_key
 from toxfleet.contract import job_of
 
@@ -192,7 +192,7 @@ class ResultStore:
         key: bytes = self._backend.get_key_for_task(task_id)
         return key
 
-    def _write(self, entries: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    def _write(self, entries: Iterable[tuple[str, dict[str, Any]]], latencies: Sequence[float] = ()) -> None:
         rows = [(task_id, self._backend.encode(stored)) for task_id, stored in entries]
         if not rows:
             return
@@ -203,6 +203,7 @@ class ResultStore:
             pipe.delete(*[lease_key(t) for t in ids])
             # Final: nothing is left for the sweeper to recover.
             pending.forget(pipe, ids)
+            latency.record(pipe, latencies)
             pipe.execute()
 
     def claim(self, task_ids: Sequence[str], batch_id: str, lease_seconds: int,
@@ -247,12 +248,17 @@ class ResultStore:
         if task_ids:
             self._backend.client.eval(_RELEASE, len(task_ids), *[lease_key(t) for t in task_ids], batch_id)
 
-    def store(self, outcomes: Sequence[Outcome], extra: dict[str, Any]) -> None:
-        """Record final results and failures, and wake anyone waiting on them."""
-        now = datetime.now(UTC).isoformat()
+    def store(self, outcomes: Sequence[Outcome], extra: dict[str, Any],
+              sent_at: Mapping[str, Any] | None = None) -> None:
+        """Record final results and failures, and wake anyone waiting on them. `sent_at`: task id -> the
+        API's publish time of its message, recorded with them as a job latency sample (`fleet.latency`)."""
+        stamp = time.time()
+        now = datetime.fromtimestamp(stamp, UTC).isoformat()
+        sent = sent_at or {}
+        latencies = [max(0.0, stamp - s) for o in outcomes if isinstance(s := sent.get(o.task_id), int | float)]
 
         def final(o: Outcome) -> dict[str, Any]:
             result = self._backend.prepare_exception(o.error) if o.error is not None else o.result
             return meta.build(o.state, result, task_id=o.task_id, date_done=now, extra={**extra, **(o.meta or {})})
 
-        self._write((o.task_id, final(o)) for o in outcomes)
+        self._write(((o.task_id, final(o)) for o in outcomes), latencies)

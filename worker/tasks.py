@@ -153,7 +153,7 @@ class ScoreTask(BatchTask):
             self._remember(scorer.backend, todo, modes, scored, batch_id)
             done = [_merge(rid, cached[rid], scored.get(rid)) for rid in texts]
 
-            store.store(done + failed, extra)
+            store.store(done + failed, extra, {r["id"]: r.get("sent_at") for r in requests})
         deferred = sum(1 for o in outcomes.values() if o["state"] == "DEFERRED")
         cancelled = claims.count("cancelled")
         metrics.count_tasks("cancelled", cancelled)

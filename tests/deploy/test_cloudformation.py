@@ -406,6 +406,9 @@ ALARMED = {
     "RedisUnreachableAlarm": ("toxfleet", "BacklogPerTask"),
     "Api5xxRatioAlarm": ("AWS/ApplicationELB", "HTTPCode_Target_5XX_Count"),
     "ApiErrorBudgetBurnAlarm": ("AWS/ApplicationELB", "HTTPCode_Target_5XX_Count"),
+    **{f"ApiErrorBudgetSlowBurn{w}Alarm": ("AWS/ApplicationELB", "HTTPCode_Target_5XX_Count")
+       for w in ("1d", "2h", "3d", "6h")},
+    "JobLatencyP99Alarm": ("toxfleet", "JobLatency"),
     "ApiP99LatencyAlarm": ("AWS/ApplicationELB", "TargetResponseTime"),
     "ApiNoHealthyTargetAlarm": ("AWS/ApplicationELB", "HealthyHostCount"),
     "ScoringFailuresAlarm": ("toxfleet", "WorkerErrorLines"),
@@ -413,6 +416,9 @@ ALARMED = {
     "RedisEngineCpuHighAlarm": ("AWS/ElastiCache", "EngineCPUUtilization"),
 }
 """Each alarm and a metric it reads."""
+
+SLOW_BURN_WINDOWS = {"1d": (86400, 1, 3), "2h": (7200, 1, 3), "3d": (86400, 3, 1), "6h": (21600, 1, 1)}
+"""The slow burn's windows: period, periods that must all breach, and the burn rate (x the 0.1 % budget)."""
 
 
 def _metrics(alarm: dict[str, Any]) -> list[tuple[str, str]]:
@@ -427,16 +433,26 @@ def test_alarms_cover_the_conditions_and_notify() -> None:
     on recovery, with a description that says what to check first."""
     alarms = of_type("AWS::CloudWatch::Alarm")
     assert set(alarms) == set(ALARMED)
+    windows = {f"ApiErrorBudgetSlowBurn{w}Alarm" for w in SLOW_BURN_WINDOWS}
     for name, alarm in alarms.items():
         spec = alarm["Properties"]
         assert ALARMED[name] in _metrics(spec), name
+        if name in windows:  # parts of the composite alarm, which notifies for them
+            assert "AlarmActions" not in spec and "OKActions" not in spec, name
+            assert "ApiErrorBudgetSlowBurnAlarm" in spec["AlarmDescription"], name
+            continue
         assert spec["AlarmActions"] == spec["OKActions"] == [{"Ref": "AlarmTopic"}]
         assert "First checks" in spec["AlarmDescription"], name
+    (composite,) = of_type("AWS::CloudWatch::CompositeAlarm").values()
+    spec = composite["Properties"]
+    assert spec["AlarmActions"] == spec["OKActions"] == [{"Ref": "AlarmTopic"}]
+    assert "First checks" in spec["AlarmDescription"]
 
 
 def test_publisher_metrics_the_alarms_read_are_the_ones_it_emits() -> None:
     """The toxfleet-namespace alarms read metrics the publisher's EMF line defines, with its dimension."""
-    doc = backlog.emf(backlog.Backlog(queued=0, unacked=0, workers=1), backlog.DEFAULT_SERVICE, 0.0)
+    doc = backlog.emf(backlog.Backlog(queued=0, unacked=0, workers=1), backlog.DEFAULT_SERVICE, 0.0,
+                      latencies=[1.5])
     (directive,) = doc["_aws"]["CloudWatchMetrics"]
     emitted = {m["Name"] for m in directive["Metrics"]}
     for alarm in of_type("AWS::CloudWatch::Alarm").values():
@@ -472,6 +488,44 @@ def test_error_budget_alarm_is_the_fast_burn_of_the_prometheus_rules() -> None:
     assert burn["EvaluationPeriods"] == burn["DatapointsToAlarm"] == 12
     periods = {m["MetricStat"]["Period"] for m in burn["Metrics"] if "MetricStat" in m}
     assert periods == {300} and 12 * 300 == 3600
+
+
+def _prometheus_rule(alert: str) -> dict[str, Any]:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "toxfleet-rules.yml").read_text())
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert]
+    found: dict[str, Any] = rule
+    return found
+
+
+def test_slow_burn_alarm_is_the_slow_burn_of_the_prometheus_rules() -> None:
+    """Each window alarm holds the slow-burn rule's rate (in percent of requests) over its window, and the
+    composite alarm joins them as the rule does: (1 day and 2 hours at 3x) or (3 days and 6 hours at 1x)."""
+    expr = " ".join(_prometheus_rule("ToxfleetErrorBudgetBurnSlow")["expr"].split())
+    r = "toxfleet:http_error_ratio:rate"
+    assert expr == f"({r}1d > 3 * 0.001 and {r}2h > 3 * 0.001) or ({r}3d > 1 * 0.001 and {r}6h > 1 * 0.001)"
+    for window, (period, evaluations, rate) in SLOW_BURN_WINDOWS.items():
+        alarm = props(f"ApiErrorBudgetSlowBurn{window}Alarm")
+        assert alarm["Threshold"] == pytest.approx(rate * 0.001 * 100), window
+        assert alarm["EvaluationPeriods"] == alarm["DatapointsToAlarm"] == evaluations, window
+        assert {m["MetricStat"]["Period"] for m in alarm["Metrics"] if "MetricStat" in m} == {period}, window
+        assert period * evaluations <= 7 * 86400 and period <= 86400  # CloudWatch's limits
+        (ratio,) = [m for m in alarm["Metrics"] if m.get("ReturnData")]
+        assert re.match(r"IF\(requests >= (100|1000), ", ratio["Expression"]), window  # a quiet API never fires
+    rule = " ".join(props("ApiErrorBudgetSlowBurnAlarm")["AlarmRule"]["Fn::Sub"].split())
+    assert rule == ('(ALARM("${ApiErrorBudgetSlowBurn1dAlarm}") AND ALARM("${ApiErrorBudgetSlowBurn2hAlarm}"))'
+                    ' OR (ALARM("${ApiErrorBudgetSlowBurn3dAlarm}") AND ALARM("${ApiErrorBudgetSlowBurn6hAlarm}"))')
+
+
+def test_job_latency_alarm_is_the_prometheus_job_latency_rule() -> None:
+    """p99 of the publisher's JobLatency over 5 minutes, above ToxfleetJobLatencyHigh's 30 s for its 10 minutes."""
+    rule = _prometheus_rule("ToxfleetJobLatencyHigh")
+    assert rule["expr"] == "toxfleet:job_latency_seconds:p99_5m > 30" and rule["for"] == "10m"
+    alarm = props("JobLatencyP99Alarm")
+    assert alarm["ExtendedStatistic"] == "p99" and alarm["Period"] == 300
+    assert alarm["Period"] * alarm["EvaluationPeriods"] == 600
+    assert alarm["Threshold"] == {"Ref": "JobLatencyP99AlarmSeconds"}
+    assert PARAMETERS["JobLatencyP99AlarmSeconds"]["Default"] == 30
+    assert alarm["TreatMissingData"] == "notBreaching"
 
 
 def test_backlog_alarm_threshold_is_five_minutes_of_work() -> None:

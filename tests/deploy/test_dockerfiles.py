@@ -62,18 +62,30 @@ def test_every_stage_builds_from_python_311_slim(dockerfile: Dockerfile) -> None
 
 @pytest.mark.parametrize("dockerfile", [API_FILE, WORKER_FILE], ids=lambda d: d.path.name)
 def test_base_image_is_one_argument_that_takes_a_digest(dockerfile: Dockerfile) -> None:
-    """Every Python stage starts FROM ${PYTHON_IMAGE}, one global argument with the same default in both
-    Dockerfiles, so a digest pin (`python:3.11-slim-bookworm@sha256:<64 hex>`) is one value; a pinned
-    default must be a well-formed digest, and the guide says how to read the current one."""
+    """Every Python stage starts FROM ${PYTHON_IMAGE}, one global argument whose default is the same
+    digest pin (`python:3.11-slim-bookworm@sha256:<64 hex>`) in both Dockerfiles; the guide states that
+    pin and how to check and refresh it."""
     text = dockerfile.path.read_text()
     names = {s.name for s in dockerfile.stages}
     froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
     assert all(f == "${PYTHON_IMAGE}" or f in names or f == "scratch" for f in froms), froms
     image = dockerfile.global_args["PYTHON_IMAGE"]
     assert image == API_FILE.global_args["PYTHON_IMAGE"] == WORKER_FILE.global_args["PYTHON_IMAGE"]
-    assert re.fullmatch(r"python:3\.11-slim-bookworm(@sha256:[0-9a-f]{64})?", image), image
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", image), image
     assert "@sha256:<index digest>" in text
     assert "docker buildx imagetools inspect python:3.11-slim-bookworm" in FARGATE_DOC
+    assert image in FARGATE_DOC
+
+
+def test_no_file_restates_another_base_image_digest() -> None:
+    """Every python image digest written in the Dockerfiles, Compose files, deploy/ and docs/ is the
+    Dockerfiles' default, so a refresh that misses one copy fails here."""
+    pinned = API_FILE.global_args["PYTHON_IMAGE"]
+    files = [ROOT / "Dockerfile.api", ROOT / "Dockerfile.worker", *ROOT.glob("docker-compose*.yml"),
+             *(ROOT / "docs").rglob("*.md"), *(f for f in (ROOT / "deploy").rglob("*") if f.is_file())]
+    found = {(f.relative_to(ROOT).as_posix(), m.group(0))
+             for f in files for m in re.finditer(r"python:[\w.-]+@sha256:[0-9a-f]{64}", f.read_text())}
+    assert found and {digest for _, digest in found} == {pinned}, sorted(found)
 
 
 def test_default_targets_are_the_services() -> None:

@@ -180,6 +180,26 @@ def test_json_logs_carry_the_job_ids_on_both_tiers(fleet: Fleet) -> None:
     assert any(e["logger"].startswith("uvicorn") for e in api_lines)
 
 
+def test_publisher_emits_the_job_latency_of_every_finished_message(fleet: Fleet) -> None:
+    """The workers record one latency sample per API message they finish (publish to result stored);
+    the backlog publisher's next reading carries exactly those in JobLatency (seconds, within the time the
+    jobs took), and the reading after it none: the samples are taken once."""
+    publish_lines(fleet.redis_url)  # take what earlier tests left
+    started = time.time()
+    _, messages = _run_jobs(fleet.url, JOB_SIZES)
+    took = time.time() - started
+    (doc,) = publish_lines(fleet.redis_url)
+    (directive,) = doc["_aws"]["CloudWatchMetrics"]
+    assert {"Name": "JobLatency", "Unit": "Seconds"} in directive["Metrics"]
+    samples = doc["JobLatency"]
+    assert len(samples) == messages
+    assert all(0 <= s <= took for s in samples), (samples, took)
+    assert max(samples) > 0
+    (after,) = publish_lines(fleet.redis_url)
+    assert "JobLatency" not in after
+    assert "JobLatency" not in {m["Name"] for m in after["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+
+
 # -- queue depth, unacked, backlog publisher (no worker consuming) -------------------------------
 
 
@@ -193,13 +213,16 @@ def idle_queue(redis_server: RedisServer, session_tmp: Path) -> Iterator[dict[st
     api.stop()
 
 
-def publish_once(redis_url: str, service: str = "toxfleet-worker") -> dict[str, Any]:
+def publish_lines(redis_url: str, service: str = "toxfleet-worker") -> list[dict[str, Any]]:
+    """The EMF documents of one reading of the real publisher (`python -m tools.backlog --once`)."""
     out = subprocess.run([sys.executable, "-m", "tools.backlog", "--once", "--redis-url", redis_url,
                           "--service", service], cwd=ROOT, env=base_env(redis_url, None), capture_output=True,
                          text=True, timeout=30, check=True)
-    lines = out.stdout.splitlines()
-    assert len(lines) == 1, out.stdout
-    doc: dict[str, Any] = json.loads(lines[0])
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def publish_once(redis_url: str, service: str = "toxfleet-worker") -> dict[str, Any]:
+    (doc,) = publish_lines(redis_url, service)
     return doc
 
 
@@ -241,6 +264,23 @@ def test_queue_gauges_and_backlog_count_waiting_and_unacked_messages(idle_queue:
         doc = publish_once(idle_queue["redis_url"])
         assert (doc["Workers"], doc["BacklogPerTask"], doc["Service"]) == (2, 2.0, "toxfleet-worker")
         message.requeue()
+
+
+def test_publisher_splits_many_latency_samples_into_emf_lines(idle_queue: dict[str, Any]) -> None:
+    """More samples than one EMF metric may carry go out in further lines of JobLatency alone, every
+    sample once, in the order recorded."""
+    from fleet import latency
+    from tools.backlog import EMF_MAX_VALUES
+
+    publish_lines(idle_queue["redis_url"])
+    samples = [i / 8 for i in range(2 * EMF_MAX_VALUES + 50)]
+    with idle_queue["client"].pipeline(transaction=False) as pipe:
+        latency.record(pipe, samples)
+        pipe.execute()
+    docs = publish_lines(idle_queue["redis_url"])
+    assert [len(d["JobLatency"]) for d in docs] == [EMF_MAX_VALUES, EMF_MAX_VALUES, 50]
+    assert [s for d in docs for s in d["JobLatency"]] == samples
+    assert "Workers" in docs[0] and all(set(d) == {"_aws", "Service", "JobLatency"} for d in docs[1:])
 
 
 def test_metrics_answer_while_redis_is_down(session_tmp: Path) -> None:
