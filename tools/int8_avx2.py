@@ -18,7 +18,7 @@ then texts/s, interleaved over `--repeats` rounds (median, min-max) on THIS CPU.
 cannot saturate computes the same on every x86 CPU, so its error here is its error on AVX2; its speed
 on AVX2 is not measured here (on a CPU with VNNI every variant runs VNNI kernels, except the U8U8 one).
 
-`--emulate` adds a NUMPY EMULATION of `vpmaddubsw` (not ONNX Runtime): every MatMulInteger's uint8
+`--emulate` adds a NUMPY EMULATION of `vpmaddubsw` (not ONNX Runtime): every int8 product's uint8
 input, captured on gate texts in worker-sized passes, times its int8 weight, with each pair of
 adjacent input channels summed in int16 with saturation, against the exact int32 product. It counts
 the saturated pairs and the largest int32 error per graph: it shows the fault and that a remedy avoids
@@ -139,8 +139,8 @@ def u8u8_session(path: Path) -> str:
 
 
 def emulate_saturation(path: Path, feeds: list[dict[str, np.ndarray]], chunk: int = 64) -> dict[str, Any]:
-    """NUMPY EMULATION of `vpmaddubsw` on graph `path`'s MatMulInteger products over `feeds`: pairs of
-    adjacent input channels summed in saturating int16, against the exact int32 sums."""
+    """NUMPY EMULATION of `vpmaddubsw` on graph `path`'s int8 products (`int8_graph.int8_matmuls`) over
+    `feeds`: pairs of adjacent input channels summed in saturating int16, against the exact int32 sums."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
@@ -148,7 +148,7 @@ def emulate_saturation(path: Path, feeds: list[dict[str, np.ndarray]], chunk: in
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
     products = [(n.input[0], numpy_helper.to_array(inits[n.input[1]]).astype(np.int32))
-                for n in model.graph.node if n.op_type == "MatMulInteger" and n.input[1] in inits]
+                for n in rowwise.int8_matmuls(model.graph)]
     names = sorted({a for a, _ in products})
     for name in names:
         model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))

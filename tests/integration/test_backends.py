@@ -38,6 +38,7 @@ from worker.gate.fidelity import (
 )
 from worker.onnx_export import artifacts, build
 from worker.onnx_export.artifacts import ExportError
+from worker.onnx_export.int8_graph import INT8_MATMUL
 from worker.settings import WorkerSettings
 
 
@@ -153,7 +154,7 @@ def test_gate_applies_the_reduced_budget_to_quantized_backends(exported: WorkerS
 
 
 def test_int8_export_is_per_row_with_smoothquant_as_the_manifest_records(exported: WorkerSettings) -> None:
-    """The export's int8 graph is the default recipe: per-row MatMulInteger with SmoothQuant factors and
+    """The export's int8 graph is the default recipe: per-row int8 products with SmoothQuant factors and
     outlier channels in fp32, no per-tensor DynamicQuantizeLinear, every Linear MatMul rewritten; the
     manifest records it."""
     import onnx
@@ -166,10 +167,10 @@ def test_int8_export_is_per_row_with_smoothquant_as_the_manifest_records(exporte
     ops = [n.op_type for n in nodes if not n.name.endswith("_outlier_mm")]
     fp32_matmuls = [n for n in onnx.load(str(directory / artifacts.FP32_MODEL)).graph.node
                     if n.op_type == "MatMul"]
-    assert "DynamicQuantizeLinear" not in ops and "MatMulIntegerToFloat" not in ops
-    assert ops.count("MatMulInteger") > 0 and ops.count("MatMul") + ops.count("MatMulInteger") == len(fp32_matmuls)
-    # Each MatMulInteger has its outlier channels' fp32 product beside it (one Gather per input tensor).
-    assert sum(n.name.endswith("_outlier_mm") for n in nodes) == ops.count("MatMulInteger")
+    assert "DynamicQuantizeLinear" not in ops and "MatMulInteger" not in ops
+    assert ops.count(INT8_MATMUL) > 0 and ops.count("MatMul") + ops.count(INT8_MATMUL) == len(fp32_matmuls)
+    # Each int8 product has its outlier channels' fp32 product beside it (one Gather per input tensor).
+    assert sum(n.name.endswith("_outlier_mm") for n in nodes) == ops.count(INT8_MATMUL)
     assert manifest.int8["outlier_channels"] > 0
     constants = [i.name for i in onnx.load(str(directory / artifacts.INT8_MODEL)).graph.initializer]
     assert any(n.startswith("rowwise_") and n.endswith("_inv_smooth") for n in constants)

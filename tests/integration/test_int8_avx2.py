@@ -34,14 +34,14 @@ from worker.onnx_export.artifacts import (
     int8_records,
     verify_export,
 )
+from worker.onnx_export.int8_graph import int8_matmuls
 from worker.settings import WorkerSettings
 
 
 def _matmul_integer_weights(path: Path) -> list[np.ndarray]:
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
-    return [numpy_helper.to_array(inits[n.input[1]]) for n in model.graph.node
-            if n.op_type == "MatMulInteger" and n.input[1] in inits]
+    return [numpy_helper.to_array(inits[n.input[1]]) for n in int8_matmuls(model.graph)]
 
 
 def test_export_builds_a_seven_bit_weight_graph_beside_the_int8_one(exported: WorkerSettings) -> None:
@@ -73,7 +73,7 @@ def test_w7_backend_loads_and_scores_through_onnx_runtime(exported: WorkerSettin
 
 
 def test_seven_bit_weights_avoid_the_int16_pair_saturation_in_emulation(exported: WorkerSettings) -> None:
-    """NUMPY EMULATION of `vpmaddubsw` on each graph's real MatMulInteger inputs: the 8-bit graph has
+    """NUMPY EMULATION of `vpmaddubsw` on each graph's real int8 product inputs: the 8-bit graph has
     pairs of products beyond int16 (the fault AVX2 CPUs hit), the 7-bit-weight graph has none."""
     directory, _ = export_location(exported)
     backend = load_backend("onnx", exported)
@@ -127,7 +127,7 @@ def test_u8_backend_computes_exactly_what_onnx_int8_computes(exported: WorkerSet
     directory, _ = export_location(exported)
     model = onnx.load(str(directory / INT8_U8_MODEL))
     inits = {i.name: i.data_type for i in model.graph.initializer}
-    kinds = {inits[n.input[1]] for n in model.graph.node if n.op_type == "MatMulInteger"}
+    kinds = {inits[n.input[1]] for n in int8_matmuls(model.graph)}
     assert kinds == {onnx.TensorProto.UINT8}
     u8, eight = load_backend("onnx-int8-u8", exported), load_backend("onnx-int8", exported)
     assert (u8.name, u8.precision) == ("onnx-int8-u8", REDUCED)

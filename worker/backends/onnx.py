@@ -62,7 +62,7 @@ class OnnxBackend(Backend):
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # All levels: layout transforms and MatMulInteger+scale fusions for this CPU, applied at load.
+        # All levels: layout transforms and fusions for this CPU, applied at load.
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         for key, value in (config or {}).items():
             options.add_session_config_entry(key, value)

@@ -11,7 +11,7 @@ Layout, next to the checkpoint unless TOXFLEET_EXPORT_DIR says otherwise:
     exports/<checkpoint sha256>/manifest.json    hashes, versions, opset, labels, int8 recipe
                                model.onnx        fp32, constant-folded, transformer ops fused
                                model-int8.onnx   int8 of model.onnx by the recorded `Int8Recipe` (default:
-                                                 per-row MatMulInteger + SmoothQuant, `worker.onnx_export.int8_graph`)
+                                                 per-row int8 products + SmoothQuant, `worker.onnx_export.int8_graph`)
                                model-int8-w7.onnx  the same recipe with 7-bit weights (`seven_bit_weights`),
                                                  for CPUs without int8 dot products
                                model-int8-u8.onnx  model-int8.onnx's weights stored as uint8, for ONNX
@@ -61,7 +61,7 @@ class ExportError(RuntimeError):
 
 
 PER_ROW = "per-row"
-"""Int8 activations with one scale per token (`worker.onnx_export.int8_graph`): MatMulInteger, per-row scales."""
+"""Int8 activations with one scale per token (`worker.onnx_export.int8_graph`): int8 products, per-row scales."""
 
 PER_TENSOR = "per-tensor"
 """Int8 activations with one scale per tensor per call (`onnxruntime.quantization.quantize_dynamic`)."""
@@ -79,7 +79,7 @@ class Int8Recipe:
     """
 
     activations: str = PER_ROW
-    """`PER_ROW` (our MatMulInteger graph) or `PER_TENSOR` (ONNX Runtime's dynamic quantizer)."""
+    """`PER_ROW` (our per-row int8 graph) or `PER_TENSOR` (ONNX Runtime's dynamic quantizer)."""
     smooth_alpha: float | None = 0.5
     """SmoothQuant migration strength (per-row only); None: no smoothing, no calibration."""
     calibration_texts: int = 128

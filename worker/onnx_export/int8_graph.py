@@ -1,6 +1,6 @@
 """Per-row int8 for an ONNX graph: every Linear MatMul gets one activation scale per token (row), one
 weight scale per output column, and optionally SmoothQuant factors, in ONNX ops ONNX Runtime's CPU
-kernels run (MatMulInteger on MLAS' u8 x s8 VNNI GEMM).
+kernels run (MatMulIntegerToFloat on MLAS' u8 x s8 GEMM, VNNI where the CPU has it).
 
 Why not ONNX Runtime's own quantizers: `quantize_dynamic` (`DynamicQuantizeLinear` +
 `MatMulIntegerToFloat`) computes ONE activation scale per tensor per call, so in a padded pass one
@@ -11,7 +11,10 @@ and `MatMulIntegerToFloat` only a scalar `a_scale`, so per-row scales are writte
     xs = x * inv_smooth                       (SmoothQuant, when calibrated; one per input channel)
     r  = max(ReduceMax(Abs(xs), -1) / 127, 1e-12)               one scale per row [.., 1]
     q  = QuantizeLinear(xs / r, 1.0, uint8 128)                 symmetric int8, stored +128 as uint8
-    y  = Cast(MatMulInteger(q, Wq, 128), float) * w_scale * r   int32 accumulate, rescale
+    y  = MatMulIntegerToFloat(q, Wq, 1.0, w_scale, 128) * r     int32 accumulate, rescale
+
+(MatMulIntegerToFloat, ONNX Runtime's contrib op, applies the per-column scale in the GEMM's output pass:
+the same floats as MatMulInteger, Cast and Mul, without two passes over the output.)
 
 With outlier channels O (the calibration's largest max |x_j|), inv_smooth is 0 on O, so they set no
 row's scale, and y += Gather(x, O) @ W[O, :] in fp32.
@@ -49,6 +52,15 @@ keeps most of its product in int8."""
 
 GELU_FLOOR = 0.1701
 """A little over -min GELU(x) (0.16997, at x = -0.75; the tanh form's is the same to 1e-4)."""
+
+INT8_MATMUL = "MatMulIntegerToFloat"
+"""The op each Linear becomes: ONNX Runtime's contrib op (domain `MS_DOMAIN`), inputs (A, B, a_scale,
+b_scale, a_zero_point, b_zero_point, bias)."""
+
+MS_DOMAIN = "com.microsoft"
+
+B_ZERO_POINT = 5
+"""`INT8_MATMUL`'s input index of the weight's zero point."""
 
 
 def linear_matmuls(graph: Any) -> list[Any]:
@@ -181,7 +193,7 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     activations a row is stored as uint8 1..127 around 64 (a GELU row as 0..127). Returns counts of what
     was rewritten."""
     import onnx  # heavy optional dependency: only the export needs it
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     if alpha is not None and act_max is None:
         raise ValueError("SmoothQuant needs the calibration maxima")
@@ -285,10 +297,8 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
             wq_name, ws_name = quantized_weights[w]
             n = f"{node.name or node.output[0]}_rowwise"
             scaled = node.output[0] if shift is None and split is None else f"{n}_y"
-            out += [helper.make_node("MatMulInteger", [q, wq_name, zero if shift is not None else zp], [f"{n}_acc"],
-                                     name=f"{n}_mmi"),
-                    helper.make_node("Cast", [f"{n}_acc"], [f"{n}_f"], name=f"{n}_cast", to=TensorProto.FLOAT),
-                    helper.make_node("Mul", [f"{n}_f", ws_name], [f"{n}_w"], name=f"{n}_wscale"),
+            out += [helper.make_node(INT8_MATMUL, [q, wq_name, one, ws_name, zero if shift is not None else zp],
+                                     [f"{n}_w"], name=f"{n}_mmi", domain=MS_DOMAIN),
                     helper.make_node("Mul", [f"{n}_w", r], [scaled], name=f"{n}_rscale")]
             if shift is not None:
                 # (x + c) W' - c W': the shift's product with the int8 weight as dequantized, per column.
@@ -320,13 +330,21 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     keep = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep + [i for i in new_inits if i.name in used])
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     onnx.save(model, str(dst))
     return {"matmuls": len(nodes), "weights": len(quantized_weights), "row_quantizations": len(row_quant),
             "smoothed_groups": smoothed, "outlier_gathers": len(gathers)}
 
 
+def int8_matmuls(graph: Any) -> list[Any]:
+    """The graph's int8 products with a constant weight (input 1 an initializer): the rewritten Linears."""
+    inits = {i.name for i in graph.initializer}
+    return [n for n in graph.node if n.op_type == INT8_MATMUL and n.input[1] in inits]
+
+
 def unsigned_weights(src: Path, dst: Path) -> int:
-    """Write `dst`: `src` with every MatMulInteger's constant int8 weight stored as uint8 (+128, zero point
+    """Write `dst`: `src` with every int8 product's constant int8 weight stored as uint8 (+128, zero point
     128). The integer products are the same, but ONNX Runtime runs them on its U8U8 kernels, which widen
     to 16 bits before multiplying, so nothing saturates where the CPU lacks int8 dot products. Returns
     the weights converted."""
@@ -337,17 +355,15 @@ def unsigned_weights(src: Path, dst: Path) -> int:
     inits = {i.name: i for i in model.graph.initializer}
     zero_point = numpy_helper.from_array(np.array(ZERO_POINT, np.uint8), "rowwise_weight_zp_u8")
     done: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type != "MatMulInteger" or node.input[1] not in inits:
-            continue
+    for node in int8_matmuls(model.graph):
         weight = inits[node.input[1]]
         if weight.name not in done and weight.data_type == onnx.TensorProto.INT8:
             shifted = (numpy_helper.to_array(weight).astype(np.int16) + ZERO_POINT).astype(np.uint8)
             weight.CopyFrom(numpy_helper.from_array(shifted, weight.name))
             done.add(weight.name)
-        while len(node.input) < 4:
+        while len(node.input) <= B_ZERO_POINT:
             node.input.append("")
-        node.input[3] = zero_point.name
+        node.input[B_ZERO_POINT] = zero_point.name
     model.graph.initializer.append(zero_point)
     onnx.save(model, str(dst))
     return len(done)
