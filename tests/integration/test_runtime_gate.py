@@ -2,8 +2,9 @@
 private export directory and Redis, the real gate subprocess on a small corpus, the real API.
 
 The gate measures `onnx` (fp32) against the `torch` reference; on the tiny checkpoint `onnx` passes
-its fp32 budget and measures faster than `torch` (1.3x-1.6x on 64 texts here, the fastest of up to 5
-timed passes each), so the switch it causes is observable. The reduced backends fail on random
+its fp32 budget and, on CPUs where it measures clearly faster than `torch` (1.3x-1.6x on 64 texts on an
+AMD Zen 4), the switch it causes is observable; where it trails (0.63x on an Intel Ice Lake) the gate
+keeps `torch` and the switching tests skip, saying so (`onnx_speedup`). The reduced backends fail on random
 weights (docs/backends.md) and are not gated here.
 """
 
@@ -29,6 +30,7 @@ from fleet.keys import Heartbeat
 from testing.faults import ResultObserver
 from testing.processes import Proc, wait_for
 from testing.services import start_api, start_worker
+from tests.conftest import skip_unless_onnx_ahead
 from worker.cpus import kernel_signature
 from worker.gate import shared
 from worker.gate.decision import Decision
@@ -88,12 +90,13 @@ def _settle(api: str, job_ids: list[str], deadline_s: float) -> dict[str, dict[s
 
 @pytest.mark.slow
 def test_a_worker_whose_decision_was_made_on_another_cpu_switches_while_serving(
-        tiny_checkpoint: tuple[Path, Path], tmp_path: Path, bare_redis) -> None:  # type: ignore[no-untyped-def]
+        tiny_checkpoint: tuple[Path, Path], tmp_path: Path, bare_redis, onnx_speedup: float) -> None:  # type: ignore[no-untyped-def]
     """A worker whose decision.json names another CPU starts on `torch`, ignores a Redis record made for
     another checkpoint, gates this CPU in the background and switches both pool processes to the gate's
     choice while jobs arrive all along: every job succeeds, each task has exactly one final result, each
     result names the backend that scored it, and each pool process goes from torch to the new backend
     once, between two batches."""
+    skip_unless_onnx_ahead(onnx_speedup)
     sha, digest = _digest(tiny_checkpoint)
     exports = tmp_path / "exports"
     (exports / sha).mkdir(parents=True)
@@ -165,9 +168,11 @@ def test_a_worker_whose_decision_was_made_on_another_cpu_switches_while_serving(
 
 @pytest.mark.slow
 def test_two_workers_with_no_decision_gate_once_and_both_switch(tiny_checkpoint: tuple[Path, Path],
-                                                               tmp_path: Path, bare_redis) -> None:  # type: ignore[no-untyped-def]
+                                                               tmp_path: Path, bare_redis,
+                                                               onnx_speedup: float) -> None:  # type: ignore[no-untyped-def]
     """Two workers on this CPU with no decision at all: one gates (one run in Redis's history, one
     gate subprocess in the two logs), the other waits and adopts the decision it published."""
+    skip_unless_onnx_ahead(onnx_speedup)
     sha, digest = _digest(tiny_checkpoint)
     exports = tmp_path / "exports"
     client = urls.sync_client(bare_redis.url)
@@ -197,10 +202,11 @@ def test_two_workers_with_no_decision_gate_once_and_both_switch(tiny_checkpoint:
 
 @pytest.mark.slow
 def test_a_gate_killed_leaves_the_worker_serving_and_is_retried_after_a_backoff(
-        tiny_checkpoint: tuple[Path, Path], tmp_path: Path, bare_redis) -> None:  # type: ignore[no-untyped-def]
+        tiny_checkpoint: tuple[Path, Path], tmp_path: Path, bare_redis, onnx_speedup: float) -> None:  # type: ignore[no-untyped-def]
     """kill -9 of the gate subprocess: the worker logs why, records the failure for the fleet, serves
     on `torch` meanwhile, and gates again no earlier than TOXFLEET_GATE_RETRY_SECONDS later, which then
     decides and switches it."""
+    skip_unless_onnx_ahead(onnx_speedup)
     sha, digest = _digest(tiny_checkpoint)
     exports = tmp_path / "exports"
     client = urls.sync_client(bare_redis.url)

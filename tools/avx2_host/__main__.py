@@ -58,9 +58,11 @@ def shim() -> Path:
     """The compiled shim, rebuilt when its source changes."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     built = CACHE / f"cpuid_mask-{digest}.so"
-    if not built.exists():
+    if not built.exists():  # built aside and renamed: concurrent callers never load a half-written file
         CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-o", str(built), str(SOURCE), "-ldl"], check=True)
+        partial = built.with_name(f"{built.name}.{os.getpid()}")
+        subprocess.run(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ldl"], check=True)
+        os.replace(partial, built)
     return built
 
 
@@ -74,8 +76,9 @@ def masked_cpuinfo(source: Path = Path("/proc/cpuinfo")) -> Path:
             line = f"{key}: {flags}"
         lines.append(line)
     CACHE.mkdir(parents=True, exist_ok=True)
-    copy = CACHE / "cpuinfo"
-    copy.write_text("\n".join(lines) + "\n")
+    copy, partial = CACHE / "cpuinfo", CACHE / f"cpuinfo.{os.getpid()}"
+    partial.write_text("\n".join(lines) + "\n")
+    os.replace(partial, copy)  # whole, for a concurrent caller's bind mount
     return copy
 
 
