@@ -2,12 +2,12 @@
 
     python -m tools.backlog [--interval 60] [--service toxfleet-worker] [--once]
 
-ECS has no metric for a Redis queue, so this publishes one. Every `--interval` seconds it reads, in
-one round trip, the messages waiting in the queue, the messages delivered to workers and not yet
-acknowledged (late acks: buffered or being scored), and the workers whose heartbeat is recent (and
-how many of them run the reference for want of a fidelity decision: `FallbackWorkers`), then takes
-the job latency samples the workers recorded since (`JobLatency`, seconds from the API's publish to the
-result stored, per task message: `fleet.latency`), and prints a CloudWatch Embedded Metric Format (EMF)
+ECS has no metric for a Redis queue, so this publishes one. Every `--interval` seconds it reads the
+messages waiting in the queue and the messages delivered to workers and not yet acknowledged (late
+acks: buffered or being scored) in one round trip; then the workers whose heartbeat is recent (and how
+many of them run the reference for want of a fidelity decision: `FallbackWorkers`); then it takes the
+job latency samples the workers recorded since (`JobLatency`, seconds from the API's publish to the
+result stored, per task message: `fleet.latency`). It prints a CloudWatch Embedded Metric Format (EMF)
 line (more lines when there are over EMF_MAX_VALUES samples): the `awslogs` log driver ships it to
 CloudWatch Logs, which extracts the metrics itself, so this needs no AWS SDK and no credentials
 beyond the task's log permissions. No torch, no Celery: Redis only.
@@ -45,6 +45,9 @@ DEFAULT_SERVICE = "toxfleet-worker"
 EMF_MAX_VALUES = 100
 """Values one EMF metric may carry (CloudWatch's limit); more job latency samples go in further lines."""
 
+LATENCY_UNITS = {"JobLatency": "Seconds"}
+"""EMF units of the metrics that are not counts."""
+
 __all__ = ["DEFAULT_INTERVAL", "DEFAULT_SERVICE", "EMF_MAX_VALUES", "NAMESPACE", "Backlog", "emf", "latency_emf",
            "main", "publish"]
 
@@ -74,12 +77,12 @@ def emf(backlog: Backlog, service: str, timestamp: float, fallback: int = 0,
                               "Workers": backlog.workers, "FallbackWorkers": fallback}
     if latencies:
         values["JobLatency"] = list(latencies)
-    return _document(service, timestamp, values, {"JobLatency": "Seconds"})
+    return _document(service, timestamp, values, LATENCY_UNITS)
 
 
 def latency_emf(service: str, timestamp: float, latencies: Sequence[float]) -> dict[str, Any]:
     """An EMF document of JobLatency samples alone: the ones beyond the first document's EMF_MAX_VALUES."""
-    return _document(service, timestamp, {"JobLatency": list(latencies)}, {"JobLatency": "Seconds"})
+    return _document(service, timestamp, {"JobLatency": list(latencies)}, LATENCY_UNITS)
 
 
 def publish(client: redis.Redis, service: str, out: TextIO) -> Backlog:
