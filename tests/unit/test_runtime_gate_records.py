@@ -12,6 +12,7 @@ import pytest
 from fleet.keys import Heartbeat, gate_key
 from worker.gate import shared
 from worker.gate.decision import DECISION_FORMAT, Decision
+from worker.onnx_export.artifacts import EXPORT_FORMAT
 from worker.settings import WorkerSettings
 from worker.state import Switch
 
@@ -38,6 +39,7 @@ def test_a_record_made_here_for_this_checkpoint_is_trusted() -> None:
     (_record(checkpoint_sha256="cd" * 32), "decision was made for another checkpoint"),
     (_record(kernel_signature="amx_int8,some_other_cpu"), "decision was made on a CPU with [amx_int8,some_other_cpu]"),
     (_record(int8_recipe={"activations": "per-tensor"}), "another int8 recipe"),
+    (_record(export_format=EXPORT_FORMAT - 1), f"export format {EXPORT_FORMAT - 1}'s graphs"),
     (_record(versions={"torch": "0.0.1", "onnxruntime": "0.0.1", "transformers": "0.0.1"}), "decision was made with"),
     ("x" * (shared.MAX_RECORD_BYTES + 1), "bytes (more than"),
 ])
@@ -46,9 +48,13 @@ def test_a_record_that_does_not_hold_here_is_refused_with_the_reason(raw: str, b
     assert isinstance(found, str) and because in found, found
 
 
-def test_the_decision_key_changes_with_the_checkpoint_and_names_one_record_per_kind() -> None:
-    assert shared.decision_key(SHA) == shared.decision_key(SHA)
+def test_the_decision_key_changes_with_the_checkpoint_and_names_one_record_per_kind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    key = shared.decision_key(SHA)
+    assert shared.decision_key(SHA) == key
     assert shared.decision_key(SHA) != shared.decision_key("cd" * 32)
+    monkeypatch.setattr(shared, "EXPORT_FORMAT", EXPORT_FORMAT + 1)
+    assert shared.decision_key(SHA) != key, "another export format's graphs need their own decision"
     assert gate_key("lock", "k") == "toxfleet:gate:lock:k" and gate_key("decision", "k") != gate_key("lock", "k")
     with pytest.raises(ValueError):
         gate_key("anything", "k")

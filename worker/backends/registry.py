@@ -98,7 +98,8 @@ BACKENDS: tuple[BackendSpec, ...] = (
                 "`torch-bf16` compiled by TorchInductor", needs="bf16 units and a C++ compiler",
                 unavailable="worker.backends.compiled:TorchBf16CompiledBackend.unavailable"),
     BackendSpec(ONNX, FP32, ONNX, "worker.backends.onnx:load_onnx_fp32",
-                "the fp32 graph exported ahead of time, constant-folded and fused, on ONNX Runtime"),
+                "the fp32 graph exported ahead of time, constant-folded and fused, its last layer computed for "
+                "the first token alone (the one the head reads), on ONNX Runtime"),
     BackendSpec("onnx-int8", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8",
                 "int8 of that graph by the export's recipe: per-row activations, SmoothQuant, outlier "
                 "channels in fp32", gated_on=int8_dot_products,

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from worker.cpus import cpu_model_name, kernel_signature
-from worker.onnx_export.artifacts import DECISION_FILE, installed_version, int8_records
+from worker.onnx_export.artifacts import DECISION_FILE, EXPORT_FORMAT, installed_version, int8_records
 
-DECISION_FORMAT = 3
+DECISION_FORMAT = 4
 """Version of decision.json; another version is ignored (auto falls back to the reference). 2: the
 current budgets (p99, flips at every threshold, rank agreement); a format-1 decision was judged on
 looser ones, so it must be made again. 3: records the int8 recipe whose graph the gate measured
-(`int8_recipe`); a format-2 decision cannot say which it was."""
+(`int8_recipe`); a format-2 decision cannot say which it was. 4: records the export format whose graphs
+it measured (`export_format`)."""
 
 DECIDING_VERSIONS = ("torch", "onnxruntime", "transformers")
 """Packages whose version changes the kernels or the tokenizer the gate measured."""
@@ -43,6 +44,9 @@ class Decision:
     int8_recipe: dict[str, Any] = field(default_factory=int8_records)
     """The recipe of each int8 graph gated, by file: another recipe's graph scores and times differently, so
     the choice among all backends must be made again (bf16 may have won only because int8 failed)."""
+    export_format: int = EXPORT_FORMAT
+    """The export format (`artifacts.EXPORT_FORMAT`) of the graphs gated: another format's graphs compute
+    differently."""
     format: int = DECISION_FORMAT
     created: float = field(default_factory=time.time)
 
@@ -70,6 +74,9 @@ class Decision:
             return f"decision format {self.format}, expected {DECISION_FORMAT}"
         if self.checkpoint_sha256 != checkpoint_sha:
             return "decision was made for another checkpoint"
+        if self.export_format != EXPORT_FORMAT:
+            return (f"decision was made on export format {self.export_format}'s graphs, this worker reads "
+                    f"{EXPORT_FORMAT}")
         if self.int8_recipe != int8_records():
             return "decision was made on another int8 recipe's graph (the export's recipe changed since)"
         signature = kernel_signature()

@@ -20,7 +20,7 @@ from typing import Any
 from fleet.keys import GATE_RECORD_SECONDS, gate_key
 from worker.cpus import kernel_signature
 from worker.gate.decision import DECIDING_VERSIONS, Decision
-from worker.onnx_export.artifacts import DEFAULT_INT8, installed_version
+from worker.onnx_export.artifacts import DEFAULT_INT8, EXPORT_FORMAT, installed_version
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ return 0"""
 
 def decision_key(checkpoint_sha: str) -> str:
     """The digest a decision for this checkpoint, on this CPU and with these libraries, is stored under."""
-    what = {"checkpoint_sha256": checkpoint_sha, "int8_recipe": DEFAULT_INT8.record(),
+    what = {"checkpoint_sha256": checkpoint_sha, "int8_recipe": DEFAULT_INT8.record(), "export_format": EXPORT_FORMAT,
             "kernel_signature": kernel_signature(),
             "versions": {dist: installed_version(dist) for dist in DECIDING_VERSIONS}}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]

@@ -36,9 +36,9 @@ from typing import Any
 from worker.settings import WorkerSettings
 from worker.weights import DETOXIFY_URLS, torch_hub_checkpoint
 
-EXPORT_FORMAT = 2
+EXPORT_FORMAT = 3
 """Version of this layout and recipe; an export of another format is stale. 2: adds `INT8_W7_MODEL` and
-`INT8_U8_MODEL`."""
+`INT8_U8_MODEL`. 3: the graphs compute the last layer for the first token only (`first_token`)."""
 
 MANIFEST_FILE = "manifest.json"
 FP32_MODEL = "model.onnx"

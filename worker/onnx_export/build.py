@@ -90,6 +90,23 @@ def export_onnx(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
     return f"torch.onnx.export(dynamo=True) torch {torch.__version__}"
 
 
+def export_first_token(model: Any, path: Path, vocab_size: int, pad_id: int) -> str:
+    """`export_onnx` with the last layer computed for the first token only (`first_token.first_token_only`),
+    or the whole model where its layers are not recognised (said on stderr); returns the exporter."""
+    import torch  # heavy optional dependency: only the export command needs it
+
+    from worker.onnx_export.first_token import FirstTokenError, first_token_only
+
+    try:  # an eager probe first: a model whose layers do not run as found fails here, not inside the tracer
+        with first_token_only(model), torch.inference_mode():
+            model(input_ids=torch.ones((1, 4), dtype=torch.long), attention_mask=torch.ones((1, 4), dtype=torch.long))
+    except FirstTokenError as exc:
+        print(f"toxfleet export: {exc}; exporting every token of the last layer", file=sys.stderr)
+        return export_onnx(model, path, vocab_size, pad_id)
+    with first_token_only(model):
+        return export_onnx(model, path, vocab_size, pad_id) + ", last layer for the first token"
+
+
 def fold(src: Path, dst: Path) -> None:
     """ONNX Runtime's basic (hardware-independent) graph optimizations, saved: constant folding turns
     ALBERT's shared, transposed weights into initializers the quantizer can see."""
@@ -213,7 +230,7 @@ def build_export(settings: WorkerSettings, recipe: Int8Recipe = DEFAULT_INT8,
         # Eager attention exports as plain MatMul/Softmax, which ONNX Runtime fuses; numerically the same.
         model.set_attn_implementation("eager")
         raw, folded = work / "raw.onnx", work / "folded.onnx"
-        exporter = export_onnx(model, raw, config.vocab_size, tokenizer.pad_token_id)
+        exporter = export_first_token(model, raw, config.vocab_size, tokenizer.pad_token_id)
         fold(raw, folded)
         try:
             fusions = fuse(folded, work / FP32_MODEL, config.num_attention_heads, config.hidden_size)
