@@ -160,8 +160,10 @@ def emulate_saturation(path: Path, feeds: list[dict[str, np.ndarray]], chunk: in
     peak_a = 0
     for feed in feeds:
         captured = dict(zip(names, session.run(names, feed), strict=True))
-        rows_kept = feed["attention_mask"].reshape(-1) > 0
         for a_name, weight in products:
+            # [batch, tokens, channels]; the last layer's products after the first-token cut hold token 0 alone.
+            tokens = captured[a_name].shape[1]
+            rows_kept = feed["attention_mask"][:, :tokens].reshape(-1) > 0
             a = captured[a_name].reshape(-1, weight.shape[0])[rows_kept].astype(np.int32)
             peak_a = max(peak_a, int(a.max(initial=0)))
             k = weight.shape[0] - weight.shape[0] % 2
