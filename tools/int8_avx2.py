@@ -71,21 +71,27 @@ def log(step: str) -> None:
     print(f"int8_avx2: {step}", file=sys.stderr, flush=True)
 
 
-def calibration(directory: Path, tokenizer: Any, settings: WorkerSettings) -> dict[str, np.ndarray] | None:
-    """The export recipe's calibration maxima (`rowwise.activation_maxima`), as the export computes them."""
+Calibration = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
+
+
+def calibration(directory: Path, tokenizer: Any, settings: WorkerSettings) -> Calibration | None:
+    """The export recipe's calibration (`rowwise.calibrate`: maxima, and X^T X for GPTQ), as the export
+    computes it."""
     recipe = DEFAULT_INT8
     if not recipe.calibrated:
         return None
     feeds = calibration_feeds(tokenizer, calibration_texts(recipe.calibration_texts), settings.pass_tokens,
                               settings.pass_texts)
-    return rowwise.activation_maxima(directory / FP32_MODEL, feeds)
+    return rowwise.calibrate(directory / FP32_MODEL, feeds, hessians=recipe.gptq)
 
 
-def build_variant(directory: Path, path: Path, act_max: dict[str, np.ndarray] | None, **change: Any) -> Path:
+def build_variant(directory: Path, path: Path, calibrated: Calibration | None, **change: Any) -> Path:
     """The export's int8 recipe with `change` (`smooth_alpha`, `outlier_channels`, `weight_levels`,
-    `activation_levels`, `pair_bounded`) applied, written to `path`."""
+    `activation_levels`, `pair_bounded`, `gptq`) applied, written to `path`."""
     recipe = DEFAULT_INT8
     pair_bounded = change.pop("pair_bounded", False)
+    gptq = change.pop("gptq", recipe.gptq) and not pair_bounded
+    act_max, hessians = calibrated if calibrated is not None else (None, {})
     args: dict[str, Any] = {"alpha": recipe.smooth_alpha, "outliers": recipe.outlier_channels}
     args.update({"alpha": change.pop("smooth_alpha")} if "smooth_alpha" in change else {})
     args.update({"outliers": change.pop("outlier_channels")} if "outlier_channels" in change else {})
@@ -94,7 +100,7 @@ def build_variant(directory: Path, path: Path, act_max: dict[str, np.ndarray] | 
         rowwise.quantize_columns = pair_bounded_columns  # type: ignore[assignment]
     try:
         rowwise.rowwise_int8(directory / FP32_MODEL, path, act_max, args["alpha"], recipe.keep_fp32,
-                             recipe.unsigned_gelu, args["outliers"], **change)
+                             recipe.unsigned_gelu, args["outliers"], hessians=hessians if gptq else None, **change)
     finally:
         rowwise.quantize_columns = original  # type: ignore[assignment]
     return path
@@ -203,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     directory = ensure_export(settings)
     manifest = verify_export(directory, export_location(settings)[1])
     fp32 = OnnxBackend(directory, manifest, FP32_MODEL, settings.torch_threads)
-    act_max = calibration(directory, fp32._tokenizer, settings)
-    a7 = build_variant(directory, args.out / "int8-a7.onnx", act_max, activation_levels=rowwise.INT7_MAX)
+    calibrated = calibration(directory, fp32._tokenizer, settings)
+    a7 = build_variant(directory, args.out / "int8-a7.onnx", calibrated, activation_levels=rowwise.INT7_MAX)
     variants = {"onnx-int8 (8-bit weights)": directory / INT8_MODEL,
                 "onnx-int8-u8 (U8U8 kernels)": directory / INT8_U8_MODEL,
                 "onnx-int8-w7 (7-bit weights)": directory / INT8_W7_MODEL,
@@ -212,11 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.tuning:
         w7 = {"weight_levels": rowwise.INT7_MAX}
         variants.update({
-            "7-bit weights, SmoothQuant a=0.3": build_variant(directory, args.out / "w7-a03.onnx", act_max,
+            "8-bit weights rounded to nearest (no GPTQ)": build_variant(directory, args.out / "w8-rtn.onnx",
+                                                                        calibrated, gptq=False),
+            "7-bit weights rounded to nearest (no GPTQ)": build_variant(directory, args.out / "w7-rtn.onnx",
+                                                                        calibrated, gptq=False, **w7),
+            "7-bit weights, SmoothQuant a=0.3": build_variant(directory, args.out / "w7-a03.onnx", calibrated,
                                                               smooth_alpha=0.3, **w7),
-            "7-bit weights, 64 outlier channels": build_variant(directory, args.out / "w7-k64.onnx", act_max,
+            "7-bit weights, 64 outlier channels": build_variant(directory, args.out / "w7-k64.onnx", calibrated,
                                                                 outlier_channels=64, **w7),
-            "pair-bounded 8-bit weights (experiment)": build_variant(directory, args.out / "pairs.onnx", act_max,
+            "pair-bounded 8-bit weights (experiment)": build_variant(directory, args.out / "pairs.onnx", calibrated,
                                                                      pair_bounded=True)})
     texts = gate_texts(args.texts)
     log(f"reference torch on {len(texts)} texts")

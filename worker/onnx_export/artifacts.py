@@ -98,6 +98,10 @@ class Int8Recipe:
     """One weight scale per output column rather than per matrix (per-row always is per column)."""
     op_types: tuple[str, ...] = ("MatMul",)
     """Operators quantized; the embedding Gather stays fp32 (it costs a lookup, not compute)."""
+    gptq: bool = True
+    """Per-row only: weights rounded by GPTQ (`int8_graph.gptq_columns`), each rounding error pushed onto
+    the input channels not yet rounded, weighed by the calibration inputs' X^T X; same integers' cost,
+    less error than round-to-nearest (docs/int8-recipes.md). False: round to nearest."""
     reduce_range: bool = False
     """7-bit weights: on x86 CPUs without int8 dot products (VNNI, AMX) ONNX Runtime's u8 x s8 products
     sum in saturating int16 pairs, and 7-bit weights keep every pair in range (`rowwise.INT7_MAX`). The
@@ -106,7 +110,8 @@ class Int8Recipe:
     @property
     def calibrated(self) -> bool:
         """Whether building it reads activation statistics (`worker.calibration`'s texts)."""
-        return self.activations == PER_ROW and (self.smooth_alpha is not None or self.outlier_channels > 0)
+        return self.activations == PER_ROW and (self.smooth_alpha is not None or self.outlier_channels > 0
+                                                 or self.gptq)
 
     def record(self) -> dict[str, Any]:
         """The recipe as the manifest stores it (JSON types: tuples as lists)."""
@@ -128,7 +133,8 @@ def int8_records(recipe: Int8Recipe = DEFAULT_INT8) -> dict[str, dict[str, Any]]
     return {INT8_MODEL: recipe.record(), INT8_W7_MODEL: seven_bit_weights(recipe).record(),
             INT8_U8_MODEL: recipe.record()}
 
-PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False, outlier_channels=0)
+PER_TENSOR_INT8 = Int8Recipe(activations=PER_TENSOR, smooth_alpha=None, unsigned_gelu=False, outlier_channels=0,
+                             gptq=False)
 """ONNX Runtime's dynamic quantization, the export's former int8 recipe (benchmarks only)."""
 
 

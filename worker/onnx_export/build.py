@@ -144,20 +144,24 @@ def calibration_feeds(tokenizer: Any, texts: list[str], pass_tokens: int = 1024,
 
 
 def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
-                  feeds: list[dict[str, Any]] | None = None, act_max: dict[str, Any] | None = None) -> dict[str, int]:
+                  feeds: list[dict[str, Any]] | None = None,
+                  calibration: tuple[dict[str, Any], dict[str, Any]] | None = None) -> dict[str, int]:
     """Write the int8 graph of `src` by `recipe`; `feeds` (`calibration_feeds`) when it is calibrated, or
-    the maxima they give (`rowwise.activation_maxima`), when already computed. Returns what the per-row
-    rewrite counted (empty for the per-tensor quantizer)."""
+    what they give (`rowwise.calibrate`), when already computed. Returns what the per-row rewrite counted
+    (empty for the per-tensor quantizer)."""
     if recipe.activations == PER_ROW:
         from worker.onnx_export import int8_graph as rowwise
 
-        if recipe.calibrated and act_max is None:
+        if recipe.calibrated and calibration is None:
             if not feeds:
-                raise ValueError("a calibrated int8 recipe (SmoothQuant, outlier channels) needs calibration feeds")
-            act_max = rowwise.activation_maxima(src, feeds)
-        return rowwise.rowwise_int8(src, dst, act_max if recipe.calibrated else None, recipe.smooth_alpha,
+                raise ValueError("a calibrated int8 recipe (SmoothQuant, outliers, GPTQ) needs calibration feeds")
+            calibration = rowwise.calibrate(src, feeds, hessians=recipe.gptq)
+        act_max, hessians = calibration if calibration is not None and recipe.calibrated else (None, None)
+        uses_maxima = recipe.smooth_alpha is not None or recipe.outlier_channels > 0
+        return rowwise.rowwise_int8(src, dst, act_max if uses_maxima else None, recipe.smooth_alpha,
                                     recipe.keep_fp32, recipe.unsigned_gelu, recipe.outlier_channels,
-                                    weight_levels=rowwise.INT7_MAX if recipe.reduce_range else rowwise.INT8_MAX)
+                                    weight_levels=rowwise.INT7_MAX if recipe.reduce_range else rowwise.INT8_MAX,
+                                    hessians=hessians if recipe.gptq else None)
     if recipe.activations != PER_TENSOR:
         raise ValueError(f"unknown int8 activations {recipe.activations!r}")
     from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy optional dependency (export only)
@@ -181,13 +185,13 @@ def quantize_int8_graphs(src: Path, work: Path, recipe: Int8Recipe, feeds: list[
     first with uint8 weights (`rowwise.unsigned_weights`); one calibration."""
     from worker.onnx_export import int8_graph as rowwise
 
-    act_max = None
+    calibration = None
     if recipe.activations == PER_ROW and recipe.calibrated:
         if not feeds:
-            raise ValueError("a calibrated int8 recipe (SmoothQuant, outlier channels) needs calibration feeds")
-        act_max = rowwise.activation_maxima(src, feeds)
-    quantize_int8(src, work / INT8_MODEL, recipe, feeds, act_max)
-    quantize_int8(src, work / INT8_W7_MODEL, seven_bit_weights(recipe), feeds, act_max)
+            raise ValueError("a calibrated int8 recipe (SmoothQuant, outliers, GPTQ) needs calibration feeds")
+        calibration = rowwise.calibrate(src, feeds, hessians=recipe.gptq)
+    quantize_int8(src, work / INT8_MODEL, recipe, feeds, calibration)
+    quantize_int8(src, work / INT8_W7_MODEL, seven_bit_weights(recipe), feeds, calibration)
     rowwise.unsigned_weights(work / INT8_MODEL, work / INT8_U8_MODEL)
 
 

@@ -114,28 +114,47 @@ def matmul_roles(graph: Any) -> dict[str, str]:
 
 def activation_maxima(model_path: Path, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Per Linear MatMul input tensor (by name), max |x_j| per input channel over the `feeds` (fp32)."""
+    return calibrate(model_path, feeds)[0]
+
+
+def calibrate(model_path: Path, feeds: Iterable[dict[str, np.ndarray]],
+              hessians: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One fp32 pass of the graph over the calibration `feeds`, padding rows left out: `activation_maxima`'s
+    maxima and, with `hessians`, per Linear weight (by initializer name) X^T X of the inputs it multiplies
+    (summed over the MatMuls sharing it, as ALBERT's layers do; float32, one matrix per distinct set of
+    inputs): what `gptq_columns` weighs rounding errors by."""
     import onnx  # heavy optional dependencies: only the export needs them
     import onnxruntime as ort
 
     model = onnx.load(str(model_path))
-    names = sorted({n.input[0] for n in linear_matmuls(model.graph)})
+    nodes = linear_matmuls(model.graph)
+    names = sorted({n.input[0] for n in nodes})
     known = {o.name for o in model.graph.output}
     for name in names:
         if name not in known:
             model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    sources: dict[str, set[str]] = {}
+    for node in nodes:
+        sources.setdefault(node.input[1], set()).add(node.input[0])
+    keys = {w: tuple(sorted(inputs)) for w, inputs in sources.items()}
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     maxima: dict[str, np.ndarray] = {}
+    grams: dict[tuple[str, ...], np.ndarray] = {}
     for feed in feeds:
         mask = feed.get("attention_mask")
         for name, value in zip(names, session.run(names, feed), strict=True):
-            rows = np.abs(value.reshape(-1, value.shape[-1]))
+            rows = value.reshape(-1, value.shape[-1])
             if mask is not None and rows.shape[0] == mask.size:
                 rows = rows[mask.reshape(-1) > 0]  # padding rows are not the model's inputs' statistics
-            m = rows.max(axis=0) if rows.size else np.zeros(value.shape[-1], np.float32)
+            m = np.abs(rows).max(axis=0) if rows.size else np.zeros(value.shape[-1], np.float32)
             maxima[name] = m if name not in maxima else np.maximum(maxima[name], m)
-    return maxima
+            if hessians:
+                gram = rows.T.astype(np.float32) @ rows.astype(np.float32)
+                for key in {k for k in keys.values() if name in k}:
+                    grams[key] = gram if key not in grams else grams[key] + gram
+    return maxima, {w: grams[key] for w, key in keys.items() if key in grams}
 
 
 def _groups(nodes: Sequence[Any]) -> list[list[Any]]:
@@ -178,9 +197,45 @@ def quantize_columns(weight: np.ndarray, levels: int = INT8_MAX) -> tuple[np.nda
     return q, scale
 
 
+GPTQ_DAMPING = 0.01
+"""Added to X^T X's diagonal, as a share of its mean, before it is inverted (GPTQ's default)."""
+
+GPTQ_BLOCK = 128
+"""Input channels rounded between two lazy updates of the rest of the weight (GPTQ's block size)."""
+
+
+def gptq_columns(weight: np.ndarray, hessian: np.ndarray, levels: int = INT8_MAX) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_columns`' scales and range, but rounding input channel by channel with each rounding's
+    error pushed onto the channels not yet rounded, weighed by `hessian` (X^T X of the inputs): GPTQ
+    (Frantar et al., 2022). The product x @ W errs less on inputs like the calibration's than
+    round-to-nearest, at the same integers' cost. Channels no input reaches round to zero."""
+    w = weight.astype(np.float64).copy()
+    k = w.shape[0]
+    scale = np.maximum(np.abs(weight).max(axis=0) / levels, 1e-12).astype(np.float32)
+    h = hessian.astype(np.float64).copy()
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    w[dead, :] = 0.0
+    h[np.diag_indices(k)] += GPTQ_DAMPING * float(np.mean(np.diag(h)))
+    upper = np.linalg.cholesky(np.linalg.inv(h)).T  # U with U^T U = H^-1
+    s = scale.astype(np.float64)
+    q = np.zeros(w.shape, np.float64)
+    for start in range(0, k, GPTQ_BLOCK):
+        stop = min(start + GPTQ_BLOCK, k)
+        errors = np.zeros((stop - start, w.shape[1]))
+        for i in range(start, stop):
+            q[i] = np.clip(np.rint(w[i] / s), -levels, levels)
+            err = (w[i] - q[i] * s) / upper[i, i]
+            w[i + 1:stop] -= np.outer(upper[i, i + 1:stop], err)
+            errors[i - start] = err
+        w[stop:] -= upper[start:stop, stop:].T @ errors
+    return q.astype(np.int8), scale
+
+
 def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = None,
                  alpha: float | None = None, keep_fp32: Sequence[str] = (), unsigned_gelu: bool = False,
-                 outliers: int = 0, weight_levels: int = INT8_MAX, activation_levels: int = INT8_MAX) -> dict[str, int]:
+                 outliers: int = 0, weight_levels: int = INT8_MAX, activation_levels: int = INT8_MAX,
+                 hessians: dict[str, np.ndarray] | None = None) -> dict[str, int]:
     """Write `dst`: `src` with every Linear MatMul in per-row int8 (SmoothQuant with `alpha` when
     `act_max`, from `activation_maxima`, is given), except those whose role (`matmul_roles`) is in
     `keep_fp32`. With `unsigned_gelu`, a MatMul reading a Gelu (the FFN output) quantizes x + 0.1701
@@ -190,8 +245,8 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     (LLM.int8()'s decomposition, with the channels fixed at export): they are gathered and multiplied by
     their fp32 weight rows, so they no longer set every row's scale. `weight_levels` and
     `activation_levels` (`INT8_MAX`, or `INT7_MAX`: 7 bits) bound the symmetric integer ranges; with 7-bit
-    activations a row is stored as uint8 1..127 around 64 (a GELU row as 0..127). Returns counts of what
-    was rewritten."""
+    activations a row is stored as uint8 1..127 around 64 (a GELU row as 0..127). With `hessians`
+    (`input_hessians`), weights are rounded by `gptq_columns`. Returns counts of what was rewritten."""
     import onnx  # heavy optional dependency: only the export needs it
     from onnx import helper, numpy_helper
 
@@ -292,7 +347,13 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                     weight = weight * smooth[:, None]
                 if split is not None:
                     weight[split, :] = 0.0
-                wq, ws = quantize_columns(weight, weight_levels)
+                if hessians is not None and w in hessians:
+                    h = hessians[w]
+                    if inverse is not None:  # the int8 product's input is x * inverse
+                        h = h * inverse[:, None] * inverse[None, :]
+                    wq, ws = gptq_columns(weight, h, weight_levels)
+                else:
+                    wq, ws = quantize_columns(weight, weight_levels)
                 quantized_weights[w] = (const(f"{w}_rowwise_q", wq), const(f"{w}_rowwise_scale", ws))
             wq_name, ws_name = quantized_weights[w]
             n = f"{node.name or node.output[0]}_rowwise"
