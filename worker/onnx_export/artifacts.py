@@ -99,7 +99,7 @@ class Int8Recipe:
     op_types: tuple[str, ...] = ("MatMul",)
     """Operators quantized; the embedding Gather stays fp32 (it costs a lookup, not compute)."""
     gptq: bool = True
-    """Per-row only: weights rounded by GPTQ (`int8_graph.gptq_columns`), each rounding error pushed onto
+    """Per-row only: weights rounded by GPTQ (`gptq.gptq_round`), each rounding error pushed onto
     the input channels not yet rounded, weighed by the calibration inputs' X^T X; same integers' cost,
     less error than round-to-nearest (docs/int8-recipes.md). False: round to nearest."""
     reduce_range: bool = False

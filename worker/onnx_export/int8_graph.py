@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from worker.onnx_export.gptq import gptq_round
+
 INT8_MAX = 127
 """Symmetric int8 range [-127, 127] (the uint8 storage is that + 128: 1..255)."""
 
@@ -122,7 +124,7 @@ def calibrate(model_path: Path, feeds: Iterable[dict[str, np.ndarray]],
     """One fp32 pass of the graph over the calibration `feeds`, padding rows left out: `activation_maxima`'s
     maxima and, with `hessians`, per Linear weight (by initializer name) X^T X of the inputs it multiplies
     (summed over the MatMuls sharing it, as ALBERT's layers do; float32, one matrix per distinct set of
-    inputs): what `gptq_columns` weighs rounding errors by."""
+    inputs): what `gptq.gptq_round` weighs rounding errors by."""
     import onnx  # heavy optional dependencies: only the export needs them
     import onnxruntime as ort
 
@@ -197,41 +199,6 @@ def quantize_columns(weight: np.ndarray, levels: int = INT8_MAX) -> tuple[np.nda
     return q, scale
 
 
-GPTQ_DAMPING = 0.01
-"""Added to X^T X's diagonal, as a share of its mean, before it is inverted (GPTQ's default)."""
-
-GPTQ_BLOCK = 128
-"""Input channels rounded between two lazy updates of the rest of the weight (GPTQ's block size)."""
-
-
-def gptq_columns(weight: np.ndarray, hessian: np.ndarray, levels: int = INT8_MAX) -> tuple[np.ndarray, np.ndarray]:
-    """`quantize_columns`' scales and range, but rounding input channel by channel with each rounding's
-    error pushed onto the channels not yet rounded, weighed by `hessian` (X^T X of the inputs): GPTQ
-    (Frantar et al., 2022). The product x @ W errs less on inputs like the calibration's than
-    round-to-nearest, at the same integers' cost. Channels no input reaches round to zero."""
-    w = weight.astype(np.float64).copy()
-    k = w.shape[0]
-    scale = np.maximum(np.abs(weight).max(axis=0) / levels, 1e-12).astype(np.float32)
-    h = hessian.astype(np.float64).copy()
-    dead = np.diag(h) <= 0
-    h[dead, dead] = 1.0
-    w[dead, :] = 0.0
-    h[np.diag_indices(k)] += GPTQ_DAMPING * float(np.mean(np.diag(h)))
-    upper = np.linalg.cholesky(np.linalg.inv(h)).T  # U with U^T U = H^-1
-    s = scale.astype(np.float64)
-    q = np.zeros(w.shape, np.float64)
-    for start in range(0, k, GPTQ_BLOCK):
-        stop = min(start + GPTQ_BLOCK, k)
-        errors = np.zeros((stop - start, w.shape[1]))
-        for i in range(start, stop):
-            q[i] = np.clip(np.rint(w[i] / s), -levels, levels)
-            err = (w[i] - q[i] * s) / upper[i, i]
-            w[i + 1:stop] -= np.outer(upper[i, i + 1:stop], err)
-            errors[i - start] = err
-        w[stop:] -= upper[start:stop, stop:].T @ errors
-    return q.astype(np.int8), scale
-
-
 def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = None,
                  alpha: float | None = None, keep_fp32: Sequence[str] = (), unsigned_gelu: bool = False,
                  outliers: int = 0, weight_levels: int = INT8_MAX, activation_levels: int = INT8_MAX,
@@ -246,7 +213,7 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
     their fp32 weight rows, so they no longer set every row's scale. `weight_levels` and
     `activation_levels` (`INT8_MAX`, or `INT7_MAX`: 7 bits) bound the symmetric integer ranges; with 7-bit
     activations a row is stored as uint8 1..127 around 64 (a GELU row as 0..127). With `hessians`
-    (`input_hessians`), weights are rounded by `gptq_columns`. Returns counts of what was rewritten."""
+    (`calibrate`), weights are rounded by `gptq.gptq_round`. Returns counts of what was rewritten."""
     import onnx  # heavy optional dependency: only the export needs it
     from onnx import helper, numpy_helper
 
@@ -347,13 +314,12 @@ def rowwise_int8(src: Path, dst: Path, act_max: dict[str, np.ndarray] | None = N
                     weight = weight * smooth[:, None]
                 if split is not None:
                     weight[split, :] = 0.0
+                wq, ws = quantize_columns(weight, weight_levels)
                 if hessians is not None and w in hessians:
                     h = hessians[w]
                     if inverse is not None:  # the int8 product's input is x * inverse
                         h = h * inverse[:, None] * inverse[None, :]
-                    wq, ws = gptq_columns(weight, h, weight_levels)
-                else:
-                    wq, ws = quantize_columns(weight, weight_levels)
+                    wq = gptq_round(weight, h, ws, weight_levels)
                 quantized_weights[w] = (const(f"{w}_rowwise_q", wq), const(f"{w}_rowwise_scale", ws))
             wq_name, ws_name = quantized_weights[w]
             n = f"{node.name or node.output[0]}_rowwise"
