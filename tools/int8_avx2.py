@@ -57,7 +57,7 @@ from worker.onnx_export.artifacts import (
     export_location,
     verify_export,
 )
-from worker.onnx_export.build import calibration_feeds, ensure_export
+from worker.onnx_export.build import calibrate_int8, calibration_feeds, ensure_export
 from worker.settings import WorkerSettings
 
 U8U8 = {"session.x64quantprecision": "1"}
@@ -71,21 +71,14 @@ def log(step: str) -> None:
     print(f"int8_avx2: {step}", file=sys.stderr, flush=True)
 
 
-Calibration = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
-
-
-def calibration(directory: Path, tokenizer: Any, settings: WorkerSettings) -> Calibration | None:
-    """The export recipe's calibration (`rowwise.calibrate`: maxima, and X^T X for GPTQ), as the export
-    computes it."""
-    recipe = DEFAULT_INT8
-    if not recipe.calibrated:
-        return None
-    feeds = calibration_feeds(tokenizer, calibration_texts(recipe.calibration_texts), settings.pass_tokens,
+def calibration(directory: Path, tokenizer: Any, settings: WorkerSettings) -> rowwise.Calibration | None:
+    """The export recipe's calibration (maxima, and X^T X for GPTQ), as the export computes it."""
+    feeds = calibration_feeds(tokenizer, calibration_texts(DEFAULT_INT8.calibration_texts), settings.pass_tokens,
                               settings.pass_texts)
-    return rowwise.calibrate(directory / FP32_MODEL, feeds, hessians=recipe.gptq)
+    return calibrate_int8(directory / FP32_MODEL, DEFAULT_INT8, feeds)
 
 
-def build_variant(directory: Path, path: Path, calibrated: Calibration | None, **change: Any) -> Path:
+def build_variant(directory: Path, path: Path, calibrated: rowwise.Calibration | None, **change: Any) -> Path:
     """The export's int8 recipe with `change` (`smooth_alpha`, `outlier_channels`, `weight_levels`,
     `activation_levels`, `pair_bounded`, `gptq`) applied, written to `path`."""
     recipe = DEFAULT_INT8

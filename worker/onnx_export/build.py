@@ -20,7 +20,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.backends.base import pad_batch
 from worker.calibration import calibration_texts
@@ -49,6 +49,9 @@ from worker.onnx_export.artifacts import (
     sha256_file,
     verify_export,
 )
+
+if TYPE_CHECKING:
+    from worker.onnx_export.int8_graph import Calibration
 from worker.settings import WorkerSettings
 from worker.weights import load_detoxify
 
@@ -143,20 +146,29 @@ def calibration_feeds(tokenizer: Any, texts: list[str], pass_tokens: int = 1024,
     return feeds
 
 
+def calibrate_int8(src: Path, recipe: Int8Recipe, feeds: list[dict[str, Any]] | None) -> Calibration | None:
+    """What `recipe`'s per-row int8 graphs of `src` read from the calibration `feeds` (`rowwise.calibrate`),
+    or None when the recipe reads nothing."""
+    if recipe.activations != PER_ROW or not recipe.calibrated:
+        return None
+    if not feeds:
+        raise ValueError("a calibrated int8 recipe (SmoothQuant, outliers, GPTQ) needs calibration feeds")
+    from worker.onnx_export import int8_graph as rowwise
+
+    return rowwise.calibrate(src, feeds, hessians=recipe.gptq)
+
+
 def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8,
-                  feeds: list[dict[str, Any]] | None = None,
-                  calibration: tuple[dict[str, Any], dict[str, Any]] | None = None) -> dict[str, int]:
+                  feeds: list[dict[str, Any]] | None = None, calibration: Calibration | None = None) -> dict[str, int]:
     """Write the int8 graph of `src` by `recipe`; `feeds` (`calibration_feeds`) when it is calibrated, or
-    what they give (`rowwise.calibrate`), when already computed. Returns what the per-row rewrite counted
+    what they give (`calibrate_int8`), when already computed. Returns what the per-row rewrite counted
     (empty for the per-tensor quantizer)."""
     if recipe.activations == PER_ROW:
         from worker.onnx_export import int8_graph as rowwise
 
-        if recipe.calibrated and calibration is None:
-            if not feeds:
-                raise ValueError("a calibrated int8 recipe (SmoothQuant, outliers, GPTQ) needs calibration feeds")
-            calibration = rowwise.calibrate(src, feeds, hessians=recipe.gptq)
-        act_max, hessians = calibration if calibration is not None and recipe.calibrated else (None, None)
+        if calibration is None:
+            calibration = calibrate_int8(src, recipe, feeds)
+        act_max, hessians = calibration or (None, None)
         uses_maxima = recipe.smooth_alpha is not None or recipe.outlier_channels > 0
         return rowwise.rowwise_int8(src, dst, act_max if uses_maxima else None, recipe.smooth_alpha,
                                     recipe.keep_fp32, recipe.unsigned_gelu, recipe.outlier_channels,
@@ -185,11 +197,7 @@ def quantize_int8_graphs(src: Path, work: Path, recipe: Int8Recipe, feeds: list[
     first with uint8 weights (`rowwise.unsigned_weights`); one calibration."""
     from worker.onnx_export import int8_graph as rowwise
 
-    calibration = None
-    if recipe.activations == PER_ROW and recipe.calibrated:
-        if not feeds:
-            raise ValueError("a calibrated int8 recipe (SmoothQuant, outliers, GPTQ) needs calibration feeds")
-        calibration = rowwise.calibrate(src, feeds, hessians=recipe.gptq)
+    calibration = calibrate_int8(src, recipe, feeds)
     quantize_int8(src, work / INT8_MODEL, recipe, feeds, calibration)
     quantize_int8(src, work / INT8_W7_MODEL, seven_bit_weights(recipe), feeds, calibration)
     rowwise.unsigned_weights(work / INT8_MODEL, work / INT8_U8_MODEL)

@@ -114,13 +114,16 @@ def matmul_roles(graph: Any) -> dict[str, str]:
     return roles
 
 
+Calibration = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]  # `calibrate`'s maxima, X^T X per weight
+
+
 def activation_maxima(model_path: Path, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Per Linear MatMul input tensor (by name), max |x_j| per input channel over the `feeds` (fp32)."""
     return calibrate(model_path, feeds)[0]
 
 
 def calibrate(model_path: Path, feeds: Iterable[dict[str, np.ndarray]],
-              hessians: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+              hessians: bool = False) -> Calibration:
     """One fp32 pass of the graph over the calibration `feeds`, padding rows left out: `activation_maxima`'s
     maxima and, with `hessians`, per Linear weight (by initializer name) X^T X of the inputs it multiplies
     (summed over the MatMuls sharing it, as ALBERT's layers do; float32, one matrix per distinct set of
@@ -139,6 +142,7 @@ def calibrate(model_path: Path, feeds: Iterable[dict[str, np.ndarray]],
     for node in nodes:
         sources.setdefault(node.input[1], set()).add(node.input[0])
     keys = {w: tuple(sorted(inputs)) for w, inputs in sources.items()}
+    keys_reading = {name: {key for key in keys.values() if name in key} for name in names}
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -154,7 +158,7 @@ def calibrate(model_path: Path, feeds: Iterable[dict[str, np.ndarray]],
             maxima[name] = m if name not in maxima else np.maximum(maxima[name], m)
             if hessians:
                 gram = rows.T.astype(np.float32) @ rows.astype(np.float32)
-                for key in {k for k in keys.values() if name in k}:
+                for key in keys_reading[name]:
                     grams[key] = gram if key not in grams else grams[key] + gram
     return maxima, {w: grams[key] for w, key in keys.items() if key in grams}
 
