@@ -102,7 +102,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
                 "the first token alone (the one the head reads), on ONNX Runtime"),
     BackendSpec("onnx-int8", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8",
                 "int8 of that graph by the export's recipe: per-row activations, SmoothQuant, outlier "
-                "channels in fp32, GPTQ-rounded weights", gated_on=int8_dot_products,
+                "channels in fp32", gated_on=int8_dot_products,
                 gated_where="CPUs with int8 dot products (`avx512_vnni`, `avx_vnni`, `amx_int8`; ARM64 `asimddp`, "
                             "`i8mm`)"),
     BackendSpec("onnx-int8-w7", REDUCED, ONNX, "worker.backends.onnx:load_onnx_int8_w7",
